@@ -1,0 +1,132 @@
+"""`dflash-gguf bench`: honest side-by-side numbers in one run."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import UserError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(context_settings={"help_option_names": ["-h", "--help"]})
+    def bench(
+        model: Optional[Path] = typer.Option(None, "-m", "--model", help="target GGUF (default: embedded SmolLM2)"),
+        draft: Optional[Path] = typer.Option(None, "-md", "--model-draft", help="DFlash drafter GGUF"),
+        prompts: list[Path] = typer.Option([], "--prompts",
+                                           help="JSONL files with 'prompt' (+ 'id', 'category'): --prompts A B C"),
+        more_prompts: Optional[list[Path]] = typer.Argument(None, metavar="MORE.jsonl", show_default=False),
+        n_predict: int = typer.Option(128, "-n", "--n-predict", help="tokens to generate per prompt"),
+        baselines: str = typer.Option("plain,dflash,upstream,ngram", "--baselines",
+                                      help="comma list of plain, dflash (ours), upstream (C++ DFlash), ngram"),
+        draft_max: Optional[int] = typer.Option(None, "--draft-max", help="most draft tokens per verify"),
+        no_adaptive: bool = typer.Option(False, "--no-adaptive", help="ours always drafts --draft-max tokens"),
+        repeat: int = typer.Option(1, "--repeat", help="repeat the whole set K times (median and min/max)"),
+        limit: Optional[int] = typer.Option(None, "--limit", help="at most N prompts per category"),
+        threads: int = typer.Option(0, "-t", "--threads", help="CPU threads for every baseline (0 = all)"),
+        n_gpu_layers: int = typer.Option(0, "-ngl", "--n-gpu-layers", help="layers on the GPU (target and drafter)"),
+        ctx_size: int = typer.Option(4096, "-c", "--ctx-size"),
+        tools_dir: Optional[Path] = typer.Option(None, "--tools-dir",
+                                                 help="upstream binaries (default: <lib dir>/tools)"),
+        json_out: Optional[Path] = typer.Option(None, "--json", help="write the full report here"),
+        plot_out: Optional[Path] = typer.Option(None, "--plot", help="write a PNG here"),
+    ):
+        """Plain vs our DFlash vs upstream C++ DFlash vs n-gram, interleaved prompt by prompt."""
+        from tqdm import tqdm
+
+        from ..engine.session import Engine, require_native
+        from ..settings import EngineSettings
+        from .prompts import prepare, read_rows
+        from .report import summarize
+        from .runner import BASELINES, UpstreamSettings, run_bench
+        from .upstream import tools_dir as default_tools_dir
+
+        chosen = _baselines(baselines, BASELINES)
+        prompts = list(prompts) + list(more_prompts or [])
+        if not prompts:
+            raise UserError("--prompts: give at least one JSONL file (e.g. --prompts code.jsonl math.jsonl)")
+        if n_predict < 2:
+            raise UserError(f"-n must be >= 2 (the first token comes from the prefill), got {n_predict}")
+        if repeat < 1:
+            raise UserError(f"--repeat must be >= 1, got {repeat}")
+        rows = read_rows(prompts, limit)
+        require_native()
+        threads = threads or os.cpu_count() or 1
+        settings = EngineSettings.from_env(target=model, drafter=draft, n_ctx=ctx_size, n_threads=threads,
+                                           n_gpu_layers=n_gpu_layers, draft_max=draft_max, adaptive=not no_adaptive)
+        engine = Engine(settings)
+        try:
+            bench_prompts = prepare(rows, engine)
+            start = engine.measure_cost_curve()
+            up = UpstreamSettings(tools_dir or default_tools_dir(), engine.drafter_model.path, engine.draft_max,
+                                  threads, ctx_size, n_gpu_layers)
+            load_before = os.getloadavg()
+            with tqdm(total=len(bench_prompts) * len(chosen) * repeat, desc="bench", unit="run",
+                      file=sys.stderr) as bar:
+                def progress(label: str) -> None:
+                    bar.set_postfix_str(label, refresh=False)
+                    bar.update(1)
+                runs, missing = run_bench(engine, bench_prompts, n_predict, chosen, repeat, up, progress)
+            end = engine.measure_cost_curve()
+            cost_t = {b: (start.t[b] + end.t[b]) / 2 for b in start.t}
+            t_draft = (start.t_draft + end.t_draft) / 2
+            report = {
+                "target": str(engine.target_model.path), "drafter": str(engine.drafter_model.path),
+                "prompt_files": [str(p) for p in prompts], "prompts": len(bench_prompts),
+                "per_category": {c: sum(p.category == c for p in bench_prompts)
+                                 for c in dict.fromkeys(p.category for p in bench_prompts)},
+                "n_predict": n_predict, "repeat": repeat, "baselines": chosen, "threads": threads,
+                "n_gpu_layers": n_gpu_layers, "n_ctx": ctx_size, "draft_max": engine.draft_max,
+                "adaptive": not no_adaptive, "backend": engine.target_model.native.info.get("backend"),
+                "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} cores)",
+                "date": time.strftime("%Y-%m-%d %H:%M"), "missing": missing,
+                "load_average": {"before": load_before, "after": os.getloadavg()},
+                "upstream_commands": _upstream_commands(up, engine, n_predict, chosen),
+                "warnings": _prompt_mismatches(runs),
+                "cost_curve": {"t_s": cost_t, "t_draft_s": t_draft, "ratios": {b: t / cost_t[1] for b, t in cost_t.items()},
+                               "start": start.to_json(), "end": end.to_json()},
+                "summary": summarize(runs, cost_t, t_draft),
+                "runs": [r.__dict__ for r in runs],
+            }
+        finally:
+            engine.close()
+        from .table import render
+        print(render(report), file=sys.stderr)
+        if json_out:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(json.dumps(report, indent=1))
+        if plot_out:
+            from .plot import plot
+            plot(report, plot_out)
+
+
+def _baselines(spec: str, known: tuple[str, ...]) -> list[str]:
+    chosen = list(dict.fromkeys(b.strip() for b in spec.split(",") if b.strip()))
+    unknown = [b for b in chosen if b not in known]
+    if unknown:
+        raise UserError(f"--baselines: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    if "plain" not in chosen:
+        chosen.insert(0, "plain")          # every ratio is against plain decoding of the same file
+    return sorted(chosen, key=known.index)
+
+
+def _upstream_commands(up, engine, n: int, chosen: list[str]) -> dict[str, str]:
+    from .upstream import command  # noqa: PLC0415
+    return {b: " ".join(command(up.tools, b, Path(engine.target_model.path), "PROMPT.txt", n, drafter=up.drafter,
+                                draft_max=up.draft_max, threads=up.threads, n_ctx=up.n_ctx,
+                                n_gpu_layers=up.n_gpu_layers))
+            for b in chosen if b in ("upstream", "ngram")}
+
+
+def _prompt_mismatches(runs) -> list[str]:
+    """Upstream tokenizes the prompt text itself: say where it saw a different token count than we did."""
+    ours = {(r.prompt_id, r.repeat): r.n_prompt for r in runs if r.baseline == "plain"}
+    return sorted({f"{r.baseline} saw {r.n_prompt} prompt tokens for {r.prompt_id}, ours {ours[(r.prompt_id, r.repeat)]}"
+                   for r in runs if (r.prompt_id, r.repeat) in ours and r.n_prompt != ours[(r.prompt_id, r.repeat)]})

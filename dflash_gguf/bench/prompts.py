@@ -1,0 +1,69 @@
+"""Benchmark prompts from JSONL files: `prompt` (+ optional `id`, `category`) per line.
+
+Code prompts are raw completions; the others (chat, math, ...) go through the target's chat template,
+exactly as `dflash-gguf run --chat` formats them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserError
+
+RAW_CATEGORIES = ("code",)
+
+
+@dataclass
+class BenchPrompt:
+    id: str
+    category: str
+    text: str              # what the model sees as text (chat prompts rendered through the template)
+    tokens: list[int]      # the same, tokenized by the target
+
+
+def read_rows(files: list[Path], limit: int | None) -> list[dict]:
+    """Rows with id/category/prompt; at most `limit` per category, in file order."""
+    rows, per_cat = [], {}
+    for f in files:
+        if not f.is_file():
+            raise UserError(f"--prompts {f}: no such file")
+        for i, line in enumerate(f.read_text(encoding="utf-8").splitlines()):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                text = row["prompt"]
+            except (ValueError, KeyError, TypeError):
+                raise UserError(f"--prompts {f}:{i + 1}: expected a JSON object with a 'prompt' field") from None
+            if not isinstance(text, str) or not text:
+                raise UserError(f"--prompts {f}:{i + 1}: 'prompt' must be a non-empty string")
+            cat = str(row.get("category") or f.stem)
+            if limit is not None and per_cat.get(cat, 0) >= limit:
+                continue
+            per_cat[cat] = per_cat.get(cat, 0) + 1
+            rows.append({"id": str(row.get("id", f"{f.stem}-{i + 1}")), "category": cat, "prompt": text})
+    if not rows:
+        raise UserError(f"--prompts {' '.join(map(str, files))}: no prompts found")
+    return rows
+
+
+def prepare(rows: list[dict], engine) -> list[BenchPrompt]:
+    from ..engine.chat import render_chat  # noqa: PLC0415
+    model = engine.target_model
+    template = model.chat_template()
+    special = {}
+    if template is not None:
+        special = {k: model.token_bytes(t, special=True).decode("utf-8", "replace")
+                   for k, t in (("bos_token", model.bos()), ("eos_token", model.eos()))}
+    out = []
+    for row in rows:
+        text = row["prompt"]
+        if template is not None and row["category"] not in RAW_CATEGORIES:
+            text = render_chat(template, [{"role": "user", "content": text}], model_name=model.path.name, **special)
+            tokens = model.tokenize(text, add_special=False)
+        else:
+            tokens = model.tokenize(text, add_special=True)
+        out.append(BenchPrompt(row["id"], row["category"], text, tokens))
+    return out

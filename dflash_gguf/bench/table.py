@@ -1,0 +1,60 @@
+"""The bench report as plain-text tables (what the terminal shows; the JSON has everything)."""
+
+from __future__ import annotations
+
+from .report import SPLIT
+
+NAMES = {"plain": "plain", "dflash": "ours", "upstream": "upstream", "ngram": "n-gram"}
+
+
+def _num(x, nd=2) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def _spread(s: dict | None, nd=2) -> str:
+    if not s or s.get("median") is None:
+        return "-"
+    if s["min"] == s["max"]:
+        return _num(s["median"], nd)
+    return f"{_num(s['median'], nd)} [{_num(s['min'], nd)}-{_num(s['max'], nd)}]"
+
+
+def render(report: dict) -> str:
+    lines = [f"target {report['target']}", f"drafter {report['drafter']}",
+             f"{report['prompts']} prompts {report['per_category']}, -n {report['n_predict']}, "
+             f"repeat {report['repeat']}, threads {report['threads']}, -ngl {report['n_gpu_layers']}, "
+             f"draft-max {report['draft_max']}{' adaptive' if report['adaptive'] else ''}",
+             "load average (1 min) before/after: {:.1f} / {:.1f}".format(report["load_average"]["before"][0],
+                                                                        report["load_average"]["after"][0]), ""]
+    head = f"{'category':<9} {'baseline':<9} {'tok/s':>20} {'speedup':>18} {'tau':>6} {'accept':>6} " \
+           f"{'limit':>6} {'eff':>6} {'same':>6}"
+    lines.append(head)
+    for cat, per in report["summary"].items():
+        for b, e in per.items():
+            pooled = e["all_repeats"]
+            lines.append(f"{cat:<9} {NAMES[b]:<9} {_spread(e['tok_s'], 1):>20} {_spread(e.get('speedup')):>18} "
+                         f"{_num(e['tau']['median']):>6} {_num(pooled.get('acceptance')):>6} "
+                         f"{_num((e.get('limit') or {}).get('median')):>6} "
+                         f"{_num((e.get('efficiency') or {}).get('median')):>6} "
+                         f"{pooled.get('identical_to_plain', '-'):>6}")
+    lines.append("")
+    overall = report["summary"].get("all", {})
+    acc = (overall.get("dflash") or {}).get("all_repeats", {}).get("acceptance_per_slot")
+    if acc:
+        lines.append("ours, acceptance per slot (all): " + " ".join(f"{x:.2f}" for x in acc))
+    for b in ("plain", "dflash"):
+        split = (overall.get(b) or {}).get("time_split")
+        if split:
+            lines.append(f"where the time goes, {NAMES[b]} (ms per target call, share of decode): " + ", ".join(
+                f"{k} {split[k]['ms_per_call']:.2f} ({100 * split[k]['share']:.0f}%)" for k in SPLIT))
+    lim = (overall.get("dflash") or {}).get("limit_measured")
+    if lim and lim.get("median") is not None:
+        lines.append(f"ours, limit from this run's verify+draft times {_num(lim['median'])}, efficiency "
+                     f"{_num(overall['dflash']['efficiency_measured']['median'])}")
+    cc = report["cost_curve"]
+    lines.append("verify cost t(B)/t(1): " + " ".join(f"B{b}={r:.2f}" for b, r in cc["ratios"].items())
+                 + f"; t(1) {1000 * cc['t_s'][1]:.2f} ms, draft {1000 * cc['t_draft_s']:.2f} ms")
+    for b, why in report["missing"].items():
+        lines.append(f"missing baseline {b}: {why}")
+    lines += [f"warning: {w}" for w in report.get("warnings", [])]
+    return "\n".join(lines)

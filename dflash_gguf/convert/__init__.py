@@ -1,0 +1,1 @@
+"""Turn DFlash drafters of every source schema into one validated `dflash` GGUF."""

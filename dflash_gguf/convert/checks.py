@@ -1,0 +1,97 @@
+"""Does a drafter fit its target, and are its tensors what its configuration says? (no native library)"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..drafter.config import DrafterConfig
+from ..errors import UserError
+from .normalized import same_model_name
+from .target_info import TargetInfo
+
+
+class ConvertError(UserError):
+    """The drafter cannot be converted as asked; the message says why and what to do."""
+
+
+def fit_problems(config: DrafterConfig, target: TargetInfo) -> list[str]:
+    """Every reason this drafter cannot run with this target (empty: it can)."""
+    c, problems = config, []
+    if c.hidden_size != target.n_embd:
+        problems.append(f"hidden size {c.hidden_size} != target hidden size {target.n_embd}")
+    bad = [t for t in c.target_layers if not 0 <= t <= target.n_layer]
+    if bad:
+        problems.append(f"target layers {bad} out of range for a target with {target.n_layer} layers "
+                        f"(valid tap ids 0..{target.n_layer})")
+    if not 0 <= c.mask_token_id < target.n_vocab:
+        problems.append(f"mask token id {c.mask_token_id} is outside the target vocabulary ({target.n_vocab} tokens)")
+    if c.vocab_size and c.vocab_size > target.n_vocab:
+        problems.append(f"vocabulary size {c.vocab_size} exceeds the target's {target.n_vocab}")
+    if c.head_dim % 2:
+        problems.append(f"head dim {c.head_dim} is odd (RoPE needs an even head dim)")
+    if not (math.isfinite(c.rope_theta) and c.rope_theta > 1):
+        problems.append(f"rope base {c.rope_theta} is not a usable RoPE base")
+    if c.block_size < 2:
+        problems.append(f"block size {c.block_size} leaves no slot to draft (needs >= 2)")
+    if not c.target_layers:
+        problems.append("no target layers")
+    return problems
+
+
+def check_fits(config: DrafterConfig, target: TargetInfo, source: str) -> None:
+    problems = fit_problems(config, target)
+    if problems:
+        raise ConvertError(f"{source} does not fit target {target.path.name}: " + "; ".join(problems)
+                           + ". Use the drafter trained for this target, or train one: dflash-gguf train")
+
+
+def fit_warnings(config: DrafterConfig, target: TargetInfo, trained_for: str | None = None,
+                 num_target_layers: int | None = None) -> list[str]:
+    """Signs the drafter was trained for another target although it fits this one's shapes."""
+    warnings = []
+    if trained_for and not any(same_model_name(trained_for, n) for n in (target.name, target.path.stem)):
+        warnings.append(f"the drafter names '{trained_for}' as its target, this target is '{target.name}'")
+    if num_target_layers and num_target_layers != target.n_layer:
+        warnings.append(f"the drafter was built for a {num_target_layers}-layer target, this one has {target.n_layer}")
+    if config.vocab_size and config.vocab_size != target.n_vocab:
+        warnings.append(f"the drafter's vocabulary size {config.vocab_size} differs from the target's {target.n_vocab}")
+    if target.rope_theta and not math.isclose(config.rope_theta, target.rope_theta, rel_tol=1e-6):
+        warnings.append(f"the drafter's rope base {config.rope_theta:g} differs from the target's "
+                        f"{target.rope_theta:g} (z-lab drafters copy the target's)")
+    return warnings
+
+
+def expected_shapes(c: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    """z-lab name → torch shape [out, in] for every tensor a drafter of this configuration has."""
+    qdim, kvdim, H, I = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.hidden_size, c.intermediate_size
+    want = {"fc.weight": (H, c.n_taps * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
+    for i in range(c.n_layers):
+        p = f"layers.{i}."
+        want |= {p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+                 p + "self_attn.q_proj.weight": (qdim, H), p + "self_attn.k_proj.weight": (kvdim, H),
+                 p + "self_attn.v_proj.weight": (kvdim, H), p + "self_attn.o_proj.weight": (H, qdim),
+                 p + "self_attn.q_norm.weight": (c.head_dim,), p + "self_attn.k_norm.weight": (c.head_dim,),
+                 p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
+                 p + "mlp.down_proj.weight": (H, I)}
+    return want
+
+
+def check_shapes(tensors: dict[str, np.ndarray], config: DrafterConfig, source: str) -> None:
+    want = expected_shapes(config)
+    missing = sorted(set(want) - set(tensors))
+    if missing:
+        raise ConvertError(f"{source}: missing tensors {missing[:6]}{' …' if len(missing) > 6 else ''}; "
+                           "is this a complete DFlash drafter checkpoint?")
+    unexpected = sorted(set(tensors) - set(want))
+    if unexpected:
+        raise ConvertError(f"{source}: tensors a DFlash v1 drafter does not have: {unexpected[:6]}"
+                           f"{' …' if len(unexpected) > 6 else ''}; this drafter variant is not supported")
+    wrong = [f"{n} {tuple(tensors[n].shape)} (expected {s})" for n, s in want.items() if tuple(tensors[n].shape) != s]
+    if wrong:
+        raise ConvertError(f"{source}: tensor shapes do not match its configuration (head dims, heads, layers or "
+                           f"taps): {'; '.join(wrong[:4])}")
+    bad = [n for n, t in tensors.items() if not np.isfinite(t).all()]
+    if bad:
+        raise ConvertError(f"{source}: tensors with NaN/inf values: {bad[:4]}; the checkpoint is damaged")

@@ -1,0 +1,36 @@
+"""What `dflash-gguf inspect` reports about a drafter GGUF (header only: no weights, no native library)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .checks import fit_problems, fit_warnings
+from .flavours import detect_flavour, normalize_gguf
+from .target_info import read_gguf, read_target
+
+
+def inspect_drafter(path: Path, target: Path | None = None) -> dict:
+    """Geometry, DFlash settings, training metadata and (with `target`) whether it fits, as a flat dict."""
+    flavour = detect_flavour(path)
+    tinfo = read_target(target) if target else None
+    src = normalize_gguf(path, flavour, tinfo, load_tensors=False)
+    c = src.config
+    fields = read_gguf(path, "drafter GGUF").fields
+    report = {
+        "file": str(path), "size_mib": round(path.stat().st_size / 2**20, 2), "flavour": flavour.name,
+        "layers": c.n_layers, "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+        "heads": f"{c.n_heads} q / {c.n_kv_heads} kv x {c.head_dim}", "parameters": src.n_params,
+        "target_layers": c.target_layers, "block_size": c.block_size, "mask_token_id": c.mask_token_id,
+        "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling, "sliding_window": c.sliding_window,
+        "layer_types": c.layer_types, "embedding_scale": c.embedding_scale,
+        "trained_for": src.trained_for, "notes": src.notes,
+        "training": {k.removeprefix("dflash_gguf.train."): f.contents() for k, f in fields.items()
+                     if k.startswith("dflash_gguf.train.")},
+    }
+    if tinfo is not None:
+        problems = fit_problems(c, tinfo)
+        report["fits_target"] = not problems
+        if problems:
+            report["fit_problem"] = "; ".join(problems)
+        report["warnings"] = fit_warnings(c, tinfo, src.trained_for, src.num_target_layers)
+    return report

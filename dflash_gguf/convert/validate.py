@@ -1,0 +1,46 @@
+"""Load-check a written drafter through llama.cpp: metadata reads back, one injection + one draft step run."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, closing
+from pathlib import Path
+
+import numpy as np
+
+from ..drafter.config import DrafterConfig
+from ..errors import UserError
+
+
+def load_check(drafter_path: Path, target_path: Path, config: DrafterConfig) -> None:
+    """Raise UserError unless llama.cpp loads `drafter_path`, reads back its taps / block size / mask token,
+    and drafts one block with finite logits after injecting a few context rows (ctx_other = a target context)."""
+    from ..native.wrappers import (  # noqa: PLC0415
+        Batch, Context, ContextSettings, DecodeError, Model, ModelLoadError)
+    with ExitStack() as stack:
+        try:
+            target = stack.enter_context(closing(Model(target_path)))
+            drafter = stack.enter_context(closing(Model(drafter_path)))
+        except ModelLoadError as e:
+            raise UserError(f"the written drafter does not load in llama.cpp: {e}") from e
+        got = (drafter.target_layer_ids(), drafter.block_size(), drafter.mask_token())
+        want = (list(config.target_layers), config.block_size, config.mask_token_id)
+        if got != want:
+            raise UserError(f"the written drafter reads back as (taps, block, mask) = {got}, expected {want}")
+        n_ctx = 4             # context rows injected before the block
+        settings = ContextSettings(n_ctx=64, n_batch=32, n_ubatch=max(32, config.block_size), n_threads=1)
+        tctx = stack.enter_context(closing(Context(target, settings)))
+        dctx = stack.enter_context(closing(Context(drafter, settings, other=tctx)))
+        dctx.set_causal(False)
+        width = config.n_taps * config.hidden_size
+        feats = stack.enter_context(closing(Batch(drafter.native, n_ctx, width)))
+        feats.set_embd(np.random.default_rng(0).standard_normal((n_ctx, width)).astype(np.float32), 0, "none")
+        block = stack.enter_context(closing(Batch(drafter.native, config.block_size)))
+        block.set_tokens([0] + [config.mask_token_id] * (config.block_size - 1), n_ctx, "all")
+        try:
+            dctx.decode(feats, "load-check injection")
+            dctx.decode(block, "load-check draft")
+        except DecodeError as e:
+            raise UserError(f"{drafter_path.name}: llama.cpp cannot run the written drafter: {e}") from e
+        if not np.isfinite(dctx.logits_all(config.block_size)).all():
+            raise UserError(f"{drafter_path.name}: draft logits are not finite; the weights are damaged")
+

@@ -1,0 +1,116 @@
+"""Write one validated `dflash` GGUF (the schema upstream llama.cpp loads) from z-lab-named tensors.
+
+Written to a temporary file beside the output, validated against the target and by loading it
+through the native layer, then renamed: an error never leaves a partial file behind.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..drafter.config import DrafterConfig
+from .checks import ConvertError, check_fits, check_shapes
+from .hparams import write_hparams
+from .names import gguf_tensor_name
+from .target_info import TargetInfo, read_target
+
+__all__ = ["ARCH", "OUTTYPES", "ConvertError", "write_dflash_gguf"]
+
+ARCH = "dflash"
+OUTTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+K_QUANTS = {"q4_k": "q4_k_m", "q5_k": "q5_k_m", "q6_k": "q6_k"}    # --outtype → llama_ftype name
+_SMALL = 4096        # tensors with fewer elements stay F32 (norms; quantizing them saves nothing)
+
+
+def _encode(arr: np.ndarray, outtype: str) -> tuple[np.ndarray, object]:
+    """(data, raw ggml type or None) for one tensor at `outtype`; norms and small tensors stay F32."""
+    import gguf  # noqa: PLC0415
+    if arr.ndim < 2 or arr.size < _SMALL or outtype == "f32" or outtype in K_QUANTS:   # K-quants: by llama.cpp
+        return arr.astype(np.float32), None
+    if outtype == "f16":
+        return arr.astype(np.float16), None
+    qtype = getattr(gguf.GGMLQuantizationType, outtype.upper())
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    if arr.shape[-1] % block:                                       # rows not a whole number of blocks: F16
+        return arr.astype(np.float16), None
+    return gguf.quants.quantize(arr.astype(np.float32), qtype), qtype
+
+
+def _write(tensors: dict[str, np.ndarray], config: DrafterConfig, target: TargetInfo, path: Path, outtype: str,
+           extra_metadata: dict | None, name: str) -> None:
+    import gguf  # noqa: PLC0415
+    c = config
+    w = gguf.GGUFWriter(str(path), ARCH)
+    w.add_name(name)
+    w.add_block_count(c.n_layers)
+    w.add_context_length(target.n_ctx_train or 4096)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.n_heads)
+    w.add_head_count_kv(c.n_kv_heads)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_layer_norm_rms_eps(c.rms_eps)
+    w.add_rope_freq_base(c.rope_theta)
+    w.add_rope_dimension_count(c.head_dim)
+    write_hparams(w, ARCH, c)
+    w.add_uint32(f"{ARCH}.block_size", c.block_size)
+    w.add_array(f"{ARCH}.target_layers", [int(t) for t in c.target_layers])
+    for key, (value, vtype, sub) in target.tokenizer_fields.items():
+        if key != "tokenizer.ggml.mask_token_id":
+            w.add_key_value(key, value, vtype, sub_type=sub)
+    w.add_uint32("tokenizer.ggml.mask_token_id", c.mask_token_id)
+    w.add_string("dflash_gguf.target.name", target.name)
+    w.add_string("dflash_gguf.target.architecture", target.arch)
+    w.add_uint32("dflash_gguf.target.n_layer", target.n_layer)
+    for key, value in (extra_metadata or {}).items():
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_int64(key, value)
+        elif isinstance(value, float):
+            w.add_float64(key, value)
+        else:
+            w.add_string(key, str(value))
+    for hf_name, arr in tensors.items():
+        data, qtype = _encode(np.asarray(arr), outtype)
+        w.add_tensor(gguf_tensor_name(hf_name), data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=sum(np.asarray(a).size for a in tensors.values()) > 50_000_000)
+    w.close()
+
+
+def write_dflash_gguf(tensors: dict[str, np.ndarray], config: DrafterConfig, target_gguf: Path, out_path: Path,
+                      outtype: str = "f16", extra_metadata: dict | None = None, force: bool = False,
+                      name: str = "dflash-drafter", source: str = "drafter", validate: bool = True) -> Path:
+    """tensors: z-lab names → float32 [out, in]; the output fits `target_gguf` (checked) and loads in llama.cpp."""
+    out_path = Path(out_path)
+    if outtype not in OUTTYPES:
+        raise ConvertError(f"--outtype {outtype}: choose one of {', '.join(OUTTYPES)}")
+    if out_path.exists() and not force:
+        raise ConvertError(f"{out_path} exists; pass --force to overwrite it")
+    target = read_target(Path(target_gguf))
+    check_fits(config, target, source)
+    check_shapes(tensors, config, source)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.part")
+    try:
+        _write(tensors, config, target, tmp, "f32" if outtype in K_QUANTS else outtype, extra_metadata, name)
+        if outtype in K_QUANTS:
+            from .quantize import llama_quantize  # noqa: PLC0415
+            llama_quantize(tmp, tmp, K_QUANTS[outtype])
+        if validate:
+            from .validate import load_check  # noqa: PLC0415
+            load_check(tmp, Path(target_gguf), config)
+        os.replace(tmp, out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    before = sum(np.asarray(a).size * 4 for a in tensors.values())
+    print(f"wrote {out_path} ({outtype}): {before / 2**20:.1f} MiB as F32 -> {out_path.stat().st_size / 2**20:.1f} MiB",
+          file=sys.stderr)
+    return out_path

@@ -1,0 +1,63 @@
+"""Drafter geometry and DFlash settings; the single source for the torch model, GGUF writer and readers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int
+    intermediate_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    target_layers: list[int]            # llama.cpp tap ids (= z-lab target_layer_ids + 1)
+    block_size: int
+    mask_token_id: int
+    vocab_size: int
+    rms_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    sliding_window: int | None = None
+    layer_types: list[str] | None = None        # "full_attention" | "sliding_attention" per layer
+    rope_scaling: dict | None = None            # HF style: {"rope_type": "yarn"|"linear", "factor": ..., ...}
+    embedding_scale: float | None = None        # block embeddings × this (z-lab input_embedding_scale)
+    logit_scale: float | None = None            # logits × this (z-lab output_multiplier)
+    final_logit_softcapping: float | None = None
+    extra: dict = field(default_factory=dict)   # anything else a source carried (kept for inspect)
+
+    def __post_init__(self):
+        if self.layer_types is not None and len(self.layer_types) != self.n_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.n_layers} layers")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.layer_types and "sliding_attention" in self.layer_types and not self.sliding_window:
+            raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
+
+    @property
+    def n_taps(self) -> int:
+        return len(self.target_layers)
+
+    def is_sliding(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "DrafterConfig":
+        return cls(**json.loads(text))
+
+
+def official_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's default tap selection (HF layer indices; add 1 for llama.cpp tap ids).
+
+    Python's round() is banker's rounding; the official code relies on it, so do we.
+    """
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    span = end - start
+    return [int(round(start + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]

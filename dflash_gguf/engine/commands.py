@@ -1,0 +1,149 @@
+"""`dflash-gguf run`: stream a generation, then report τ, speed and acceptance per slot."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import UserError
+
+DEMO_PROMPT = "Write a Python function that returns the n-th prime number, with a docstring and two examples."
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(context_settings={"help_option_names": ["-h", "--help"]})
+    def run(
+        model: Optional[Path] = typer.Option(None, "-m", "--model", help="target GGUF (default: embedded SmolLM2)"),
+        draft: Optional[Path] = typer.Option(None, "-md", "--model-draft", help="DFlash drafter GGUF"),
+        prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text"),
+        file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file"),
+        chat: bool = typer.Option(False, "--chat", help="apply the model's chat template to the prompt"),
+        think: Optional[bool] = typer.Option(None, "--think/--no-think", help="thinking, where the template has it"),
+        n_predict: int = typer.Option(256, "-n", "--n-predict", help="tokens to generate"),
+        temp: float = typer.Option(0.0, "--temp", help="temperature (0 = greedy)"),
+        top_k: int = typer.Option(0, "--top-k"),
+        top_p: float = typer.Option(1.0, "--top-p"),
+        min_p: float = typer.Option(0.0, "--min-p"),
+        seed: Optional[int] = typer.Option(None, "--seed"),
+        draft_max: Optional[int] = typer.Option(None, "--draft-max", help="most draft tokens per verify"),
+        draft_min: int = typer.Option(1, "--draft-min"),
+        no_adaptive: bool = typer.Option(False, "--no-adaptive", help="always verify --draft-max tokens"),
+        threads: int = typer.Option(0, "-t", "--threads", help="CPU threads (0 = all)"),
+        n_gpu_layers: int = typer.Option(0, "-ngl", "--n-gpu-layers"),
+        fit: bool = typer.Option(False, "--fit", help="choose -ngl / --n-cpu-moe from free VRAM (drafter + KV counted)"),
+        ctx_size: int = typer.Option(4096, "-c", "--ctx-size"),
+        draft_ctx: Optional[int] = typer.Option(None, "--draft-ctx", help="drafter KV size (default: --ctx-size)"),
+        n_cpu_moe: int = typer.Option(0, "--n-cpu-moe", help="keep the MoE experts of the first N layers on CPU"),
+        cpu_moe: bool = typer.Option(False, "--cpu-moe", help="keep all MoE experts on CPU"),
+        override_tensor: list[str] = typer.Option([], "-ot", "--override-tensor", help="REGEX=BUFFER_TYPE"),
+        t_mode: str = typer.Option("rejection", "--t-mode", help="T>0 verification: rejection | match"),
+        main_gpu: int = typer.Option(0, "-mg", "--main-gpu"),
+        tensor_split: Optional[str] = typer.Option(None, "-ts", "--tensor-split", help="e.g. 3,1"),
+        rpc: Optional[str] = typer.Option(None, "--rpc", help="HOST:PORT,... of ggml rpc-servers"),
+        compare: Optional[bool] = typer.Option(None, "--compare/--no-compare",
+                                               help="also run plain decoding and report the speedup"),
+        plain: bool = typer.Option(False, "--plain", help="plain decoding only (no drafter)"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
+    ):
+        """Generate with DFlash speculative decoding (lossless); without -m/-md runs the embedded default."""
+        from ..settings import EngineSettings
+        from .sampling import SamplingParams
+        from .session import Engine, require_native
+
+        demo = prompt is None and file is None
+        if prompt is not None and file is not None:
+            raise UserError("give the prompt with -p or -f, not both")
+        if file is not None:
+            if not file.is_file():
+                raise UserError(f"-f {file}: no such file")
+            prompt = file.read_text(encoding="utf-8")
+        if demo:
+            prompt, chat = DEMO_PROMPT, True
+            compare = True if compare is None else compare
+        require_native()
+        settings = EngineSettings.from_env(
+            target=model, drafter=draft, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers, fit=fit,
+            draft_max=draft_max, draft_min=draft_min, adaptive=not no_adaptive, draft_ctx=draft_ctx,
+            n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor), t_mode=t_mode,
+            main_gpu=main_gpu, rpc=rpc,
+            tensor_split=tuple(float(x) for x in tensor_split.split(",")) if tensor_split else None)
+        sampling = SamplingParams(temp, top_k, top_p, min_p, seed)
+        try:
+            sampling.validate()
+        except ValueError as e:
+            raise UserError(str(e)) from e
+        engine = Engine(settings, speculative=not plain)
+        try:
+            tokens = _prompt_tokens(engine, prompt, chat, think)
+            report = _generate(engine, tokens, n_predict, sampling, stream=not as_json, speculative=not plain)
+            if compare and not plain:
+                base = engine.generate(tokens, n_predict, sampling, speculative=False)
+                report["plain"] = {"tok_s": round(base.tok_s, 2), "n_generated": len(base.tokens)}
+                report["speedup"] = round(report["stats"]["tok_s"] / base.tok_s, 3) if base.tok_s else None
+                if sampling.greedy:
+                    report["identical_to_plain"] = base.tokens == report["tokens"]
+        finally:
+            engine.close()
+        if as_json:
+            typer.echo(json.dumps(report))
+        else:
+            _print_summary(report)
+
+
+def _prompt_tokens(engine, prompt: str, chat: bool, think: bool | None) -> list[int]:
+    model = engine.target_model
+    if not chat:
+        return model.tokenize(prompt, add_special=True)
+    from .chat import render_chat, supports_thinking
+    template = model.chat_template()
+    if think is not None and not supports_thinking(template):
+        print(f"note: {model.path.name}'s chat template has no thinking switch; --think/--no-think ignored",
+              file=sys.stderr)
+        think = None
+    text = render_chat(template, [{"role": "user", "content": prompt}], enable_thinking=think,
+                       bos_token=model.token_bytes(model.bos(), special=True).decode("utf-8", "replace"),
+                       eos_token=model.token_bytes(model.eos(), special=True).decode("utf-8", "replace"),
+                       model_name=model.path.name)
+    return model.tokenize(text, add_special=False)
+
+
+def _generate(engine, tokens, n_predict, sampling, *, stream: bool, speculative: bool) -> dict:
+    from .text import TextStream
+    text = TextStream(engine.target_model.token_bytes)
+
+    def on_tokens(new):
+        chunk = text.feed(new)
+        if stream and chunk:
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+
+    res = engine.generate(tokens, n_predict, sampling, on_tokens, speculative=speculative)
+    tail = text.finish()
+    if stream:
+        sys.stdout.write(tail + "\n")
+        sys.stdout.flush()
+    return {"text": text.text, "tokens": res.tokens, "stats": res.stats(),
+            "draft_max": engine.draft_max if speculative else 0,
+            "cost_ratios": engine.cost.ratios() if engine.cost else None}
+
+
+def _print_summary(report: dict) -> None:
+    s = report["stats"]
+    lines = [f"tokens: {s['n_generated']} (prompt {s['n_prompt']}), {s['tok_s']} tok/s, "
+             f"τ = {s['tau']} tokens per target call ({s['n_target_calls']} calls, {s['n_plain_steps']} plain)",
+             f"drafted {s['n_drafted']}, accepted {s['n_accepted']}; acceptance per slot: "
+             + " ".join(f"{x:.2f}" for x in s["acceptance_per_slot"]),
+             f"time: prefill {s['prefill_s']} s, draft {s['draft_s']} s, verify {s['verify_s']} s, "
+             f"inject {s['inject_s']} s, python {s['python_ms_per_step']} ms/step"]
+    if "plain" in report:
+        lines.append(f"plain decoding: {report['plain']['tok_s']} tok/s → speedup {report['speedup']}×"
+                     + (f", output identical: {report['identical_to_plain']}" if "identical_to_plain" in report else ""))
+        if report.get("identical_to_plain") is False:
+            lines.append("note: llama.cpp computes slightly different logits for a batch than for one token on "
+                         "quantized weights, so a near-tie can resolve differently in verify than in plain decoding; "
+                         "with F16/F32 weights the outputs are identical (tests/test_engine.py)")
+    print("\n".join(lines), file=sys.stderr)

@@ -1,0 +1,221 @@
+"""The draft → verify → accept → rollback → inject loop.
+
+Invariant after every step: the target and the drafter hold the same positions 0..n_past-1
+(the drafter as injected context features), and `last` — the newest emitted token — sits at
+position n_past, not yet decoded by either.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .drafter import DraftSource, Proposal
+from .policy import DraftLengthPolicy
+from .sampling import SamplingParams, probs_from_logits, sample
+from .target import Target
+from .verify import Verdict, verify_greedy, verify_stochastic
+
+# Receives each step's new tokens; returning False stops the generation (stop string, disconnect).
+TokenCallback = Callable[[list[int]], "bool | None"]
+
+
+@dataclass
+class Timings:
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    inject_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def decode_s(self) -> float:
+        return self.total_s - self.prefill_s
+
+    @property
+    def python_s(self) -> float:
+        """Time of the decode phase spent outside native calls (sampling, bookkeeping, callbacks)."""
+        return max(self.decode_s - self.draft_s - self.verify_s - self.inject_s, 0.0)
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    n_prompt: int
+    finish_reason: str = "length"          # "stop" (EOG / stop string / callback) or "length"
+    n_target_calls: int = 0                # target decodes after prefill (verify or plain steps)
+    n_plain_steps: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    drafted_per_slot: list[int] = field(default_factory=list)
+    accepted_per_slot: list[int] = field(default_factory=list)
+    timings: Timings = field(default_factory=Timings)
+
+    @property
+    def tau(self) -> float:
+        """Tokens per target call after the first token (accepted + 1 per verify)."""
+        return (len(self.tokens) - 1) / self.n_target_calls if self.n_target_calls else 0.0
+
+    @property
+    def acceptance_per_slot(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_slot, self.drafted_per_slot)]
+
+    @property
+    def tok_s(self) -> float:
+        """Decode speed: tokens after the first over the decode time (prefill excluded)."""
+        dt = self.timings.decode_s
+        return (len(self.tokens) - 1) / dt if dt > 0 else 0.0
+
+    def python_ms_per_step(self) -> float:
+        return 1000 * self.timings.python_s / self.n_target_calls if self.n_target_calls else 0.0
+
+    def stats(self) -> dict:
+        t = self.timings
+        return {"tau": round(self.tau, 4), "n_target_calls": self.n_target_calls, "n_plain_steps": self.n_plain_steps,
+                "n_drafted": self.n_drafted, "n_accepted": self.n_accepted,
+                "acceptance_per_slot": [round(x, 4) for x in self.acceptance_per_slot],
+                "tok_s": round(self.tok_s, 2), "n_prompt": self.n_prompt, "n_generated": len(self.tokens),
+                "finish_reason": self.finish_reason,
+                "prefill_s": round(t.prefill_s, 4), "decode_s": round(t.decode_s, 4), "draft_s": round(t.draft_s, 4),
+                "verify_s": round(t.verify_s, 4), "inject_s": round(t.inject_s, 4),
+                "python_ms_per_step": round(self.python_ms_per_step(), 4)}
+
+
+class SpecDecoder:
+    """Lossless speculative decoding of one sequence with a target and a draft source.
+
+    t_mode (T > 0 only): "rejection" samples drafts from q and accepts with min(1, p/q);
+    "match" proposes the drafter's argmax (q one-hot) — also lossless, accepts with p(x).
+    """
+
+    def __init__(self, target: Target, drafter: DraftSource | None, policy: DraftLengthPolicy,
+                 *, t_mode: str = "rejection"):
+        if t_mode not in ("rejection", "match"):
+            raise ValueError(f"t_mode must be 'rejection' or 'match', got {t_mode!r}")
+        self.target, self.drafter, self.policy, self.t_mode = target, drafter, policy, t_mode
+        self.debug_check_positions = False
+
+    # -- the loop ------------------------------------------------------------------------------
+    def generate(self, prompt: Sequence[int], max_tokens: int, sampling: SamplingParams = SamplingParams(),
+                 on_tokens: TokenCallback | None = None, stop_tokens: Callable[[int], bool] | None = None
+                 ) -> GenerationResult:
+        if not prompt:
+            raise ValueError("empty prompt: at least one token (e.g. BOS) is needed")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        sampling.validate()
+        is_stop = stop_tokens or self.target.model.is_eog
+        rng = np.random.default_rng(sampling.seed)
+        res = GenerationResult([], len(prompt), drafted_per_slot=[0] * self.policy.draft_max,
+                               accepted_per_slot=[0] * self.policy.draft_max)
+        t_start = time.perf_counter()
+        self.target.check_fits(len(prompt), 1)
+        self.target.reset()
+        self.policy.reset()
+        if self.drafter is not None:
+            self.drafter.begin()
+
+        sink = self.drafter.process if self.drafter is not None else None
+        last = self._pick(self.target.prefill(prompt, sink), sampling, rng)
+        res.timings.prefill_s = time.perf_counter() - t_start
+
+        emitted = [last]
+        while True:
+            if self._emit(res, emitted, max_tokens, is_stop, on_tokens):
+                break
+            room = min(max_tokens - len(res.tokens), self.target.n_ctx - self.target.n_past) - 1
+            if room < 0:
+                break
+            n = min(self.policy.choose() if self.drafter is not None else 0, room)
+            emitted = self._step(last, n, sampling, rng, res)
+            last = emitted[-1]
+        res.timings.total_s = time.perf_counter() - t_start
+        return res
+
+    def _step(self, last: int, n: int, sampling: SamplingParams, rng, res: GenerationResult) -> list[int]:
+        """One target call; returns the tokens it emits (the last one is not yet decoded)."""
+        pos = self.target.n_past
+        t0 = time.perf_counter()
+        proposal = self.draft(last, pos, n, sampling, rng) if n > 0 else Proposal([])
+        t1 = time.perf_counter()
+        rows = self.target.decode_rows([last] + proposal.tokens)          # [n+1, V]
+        verdict = self.verify(proposal, rows, sampling, rng)
+        t2 = time.perf_counter()
+        kept = verdict.n_accepted + 1                                      # last + accepted drafts
+        if self.drafter is not None:
+            features = self.target.features(0, kept)
+        self.target.keep(kept, n + 1)                                      # rollback of the target
+        if self.drafter is not None:
+            self.drafter.process(features, pos)                            # inject the kept rows
+        t3 = time.perf_counter()
+
+        res.n_target_calls += 1
+        if n == 0:
+            res.n_plain_steps += 1
+        res.n_drafted += n
+        res.n_accepted += verdict.n_accepted
+        for k in range(n):
+            res.drafted_per_slot[k] += 1
+        for k in range(verdict.n_accepted):
+            res.accepted_per_slot[k] += 1
+        res.timings.draft_s += t1 - t0
+        res.timings.verify_s += t2 - t1
+        res.timings.inject_s += t3 - t2
+        self.policy.observe(n, verdict.n_accepted, verify_s=t2 - t1, draft_s=(t1 - t0) if n else None)
+        if self.debug_check_positions:
+            self.check_positions()
+        return verdict.emitted(proposal.tokens)
+
+    # -- the steps, each replaceable on its own ------------------------------------------------
+    def draft(self, last: int, pos: int, n: int, sampling: SamplingParams, rng) -> Proposal:
+        stochastic = not sampling.greedy and self.t_mode == "rejection"
+        proposal = self.drafter.draft(last, pos, n, want_logits=stochastic)
+        if stochastic:
+            q = probs_from_logits(proposal.logits, sampling)               # [n, V]
+            proposal = Proposal([sample(q[i], rng) for i in range(n)], proposal.logits, q)
+        return proposal
+
+    def verify(self, proposal: Proposal, rows: np.ndarray, sampling: SamplingParams, rng) -> Verdict:
+        if sampling.greedy:
+            return verify_greedy(proposal.tokens, rows.argmax(axis=1))
+        p = probs_from_logits(rows, sampling)                              # [n+1, V]
+        n = len(proposal.tokens)
+        q = proposal.q
+        if q is None:                                                      # "match": one-hot proposals
+            q = np.zeros((n, p.shape[1]))
+            q[np.arange(n), proposal.tokens] = 1.0
+        return verify_stochastic(proposal.tokens, q, p, rng)
+
+    @staticmethod
+    def _pick(logits: np.ndarray, sampling: SamplingParams, rng) -> int:
+        if sampling.greedy:
+            return int(np.argmax(logits))
+        return sample(probs_from_logits(logits, sampling), rng)
+
+    @staticmethod
+    def _emit(res: GenerationResult, tokens: list[int], max_tokens: int, is_stop, on_tokens) -> bool:
+        """Append tokens up to a stop token or the budget; True when generation is over."""
+        out, done = [], False
+        for t in tokens:
+            out.append(t)
+            if is_stop(t):
+                res.finish_reason, done = "stop", True
+                break
+            if len(res.tokens) + len(out) >= max_tokens:
+                res.finish_reason, done = "length", True
+                break
+        res.tokens.extend(out)
+        if on_tokens is not None and on_tokens(out) is False:
+            res.finish_reason, done = "stop", True
+        return done
+
+    def check_positions(self) -> None:
+        """Target and drafter hold exactly positions 0..n_past-1."""
+        t_max = self.target.ctx.pos_max()
+        assert t_max == self.target.n_past - 1, (t_max, self.target.n_past)
+        if self.drafter is not None and hasattr(self.drafter, "pos_max"):
+            d_max = self.drafter.pos_max()
+            assert d_max == t_max, f"drafter holds up to {d_max}, target up to {t_max}"

@@ -1,0 +1,176 @@
+"""How many draft tokens to verify each step.
+
+Verifying B tokens costs t(B), which is far from flat on CPUs (SmolLM2 Q4_1 on 2 cores:
+t(16) ≈ 8·t(1); F16: 3.6×) and nearly flat on big GPUs. With α_k the probability that slot k is
+accepted given slots < k were, a step that verifies n drafts yields E(n) = 1 + Σ_{j≤n} Π_{k≤j} α_k
+tokens in t(n+1) + t_draft. We pick the n with the best E(n) / time, and plain decoding
+(1 token in t(1)) when no n beats it — probing speculation now and then so α stays current.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass
+class CostCurve:
+    """Seconds per target decode of B rows (t[B]) and per draft call, updated online."""
+    t: dict[int, float]
+    t_draft: float
+    smoothing: float = 0.1
+
+    def verify(self, b: int) -> float:
+        keys = sorted(self.t)
+        if b in self.t:
+            return self.t[b]
+        return float(np.interp(b, keys, [self.t[k] for k in keys]))
+
+    def observe_verify(self, b: int, seconds: float) -> None:
+        old = self.t.get(b)
+        self.t[b] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
+
+    def observe_draft(self, seconds: float) -> None:
+        self.t_draft = (1 - self.smoothing) * self.t_draft + self.smoothing * seconds
+
+    def ratios(self) -> dict[int, float]:
+        return {b: self.t[b] / self.t[1] for b in sorted(self.t)}
+
+    def to_json(self) -> dict:
+        return {"t": {str(k): v for k, v in self.t.items()}, "t_draft": self.t_draft}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CostCurve":
+        return cls({int(k): float(v) for k, v in d["t"].items()}, float(d["t_draft"]))
+
+
+def measure_cost_curve(time_verify: Callable[[int], float], time_draft: Callable[[], float],
+                       sizes=(1, 2, 3, 4, 6, 8, 12, 16), repeats: int = 3) -> CostCurve:
+    """Median of `repeats` timings per batch size; the callables run one decode and return seconds."""
+    t = {b: float(np.median([time_verify(b) for _ in range(repeats)])) for b in sizes}
+    return CostCurve(t, float(np.median([time_draft() for _ in range(repeats)])))
+
+
+class CostCache:
+    """Cost curves per (model file, machine, backend, threads), in the user cache dir."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    @staticmethod
+    def key(model_path: Path, backend: str, n_threads: int, n_gpu_layers: int, drafter_path: Path) -> str:
+        import platform  # noqa: PLC0415
+        st, dst = model_path.stat(), drafter_path.stat()
+        return (f"{model_path.resolve()}:{st.st_size}:{int(st.st_mtime)}|{drafter_path.name}:{dst.st_size}|"
+                f"{platform.node()}|{backend}|t{n_threads}|ngl{n_gpu_layers}")
+
+    def get(self, key: str) -> CostCurve | None:
+        try:
+            return CostCurve.from_json(json.loads(self.path.read_text())[key])
+        except (FileNotFoundError, KeyError, ValueError):
+            return None
+
+    def put(self, key: str, curve: CostCurve) -> None:
+        try:
+            data = json.loads(self.path.read_text())
+        except (FileNotFoundError, ValueError):
+            data = {}
+        data[key] = curve.to_json()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(self.path)
+
+
+@dataclass
+class SlotAcceptance:
+    """Online estimate of α_k with a Beta prior; old evidence decays so the estimate follows the text."""
+    n_slots: int
+    prior_accept: float = 0.6
+    prior_weight: float = 4.0
+    decay: float = 0.98
+    accepted: np.ndarray = field(init=False)
+    tried: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        self.accepted = np.zeros(self.n_slots)
+        self.tried = np.zeros(self.n_slots)
+
+    def update(self, n_drafted: int, n_accepted: int) -> None:
+        """Slots 0..n_accepted-1 were accepted; slot n_accepted (if drafted) was rejected."""
+        self.accepted *= self.decay
+        self.tried *= self.decay
+        k = min(n_accepted + 1, n_drafted)
+        self.tried[:k] += 1
+        self.accepted[:n_accepted] += 1
+
+    def alpha(self) -> np.ndarray:
+        return (self.accepted + self.prior_accept * self.prior_weight) / (self.tried + self.prior_weight)
+
+    def expected_tokens(self) -> np.ndarray:
+        """E(n) for n = 0..n_slots: 1 + Σ_{j≤n} Π_{k≤j} α_k."""
+        return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.alpha()))])
+
+
+class DraftLengthPolicy:
+    """Chooses n (0 = plain decoding step) each step; `fixed` always returns draft_max."""
+
+    def __init__(self, draft_max: int, draft_min: int = 1, *, adaptive: bool = True,
+                 cost: CostCurve | None = None, probe_every: int = 16, margin: float = 0.03):
+        if draft_min < 1 or draft_max < draft_min:
+            raise ValueError(f"need 1 <= draft_min ({draft_min}) <= draft_max ({draft_max})")
+        self.draft_max, self.draft_min = draft_max, draft_min
+        self.adaptive = adaptive and cost is not None
+        self.cost = cost
+        self.slots = SlotAcceptance(draft_max)
+        self.probe_every, self.margin = probe_every, margin
+        self._plain_streak = 0
+        self.last_reason = "fixed" if not self.adaptive else "init"
+
+    def reset(self) -> None:
+        self.slots = SlotAcceptance(self.draft_max)
+        self._plain_streak = 0
+
+    def expected_rates(self) -> dict[int, float]:
+        """Expected tokens per second for each n (0 = plain decoding)."""
+        e = self.slots.expected_tokens()
+        rates = {0: 1.0 / self.cost.verify(1)}
+        for n in range(self.draft_min, self.draft_max + 1):
+            rates[n] = e[n] / (self.cost.verify(n + 1) + self.cost.t_draft)
+        return rates
+
+    def choose(self) -> int:
+        if not self.adaptive:
+            return self.draft_max
+        rates = self.expected_rates()
+        best = max((n for n in rates if n > 0), key=rates.get)
+        if rates[best] >= rates[0] * (1 + self.margin):
+            self._plain_streak = 0
+            self.last_reason = "speculate"
+            return best
+        self._plain_streak += 1
+        if self._plain_streak % self.probe_every == 0:     # keep α fresh while running plain
+            self.last_reason = "probe"
+            return best
+        self.last_reason = "plain: speculation would lose"
+        return 0
+
+    def observe(self, n_drafted: int, n_accepted: int, verify_s: float | None = None,
+                draft_s: float | None = None) -> None:
+        if n_drafted > 0:
+            self.slots.update(n_drafted, n_accepted)
+        if self.cost is not None:
+            if verify_s is not None:
+                self.cost.observe_verify(n_drafted + 1, verify_s)
+            if draft_s is not None:
+                self.cost.observe_draft(draft_s)
+
+
+def timer() -> Callable[[], float]:
+    t0 = time.perf_counter()
+    return lambda: time.perf_counter() - t0

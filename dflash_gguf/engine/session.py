@@ -1,0 +1,182 @@
+"""Load a target + drafter once from EngineSettings; generate many times (run, serve and bench use it)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import SetupError, UserError
+from ..native.wrappers import ContextSettings, Model, TensorOverride
+from ..paths import cache_root
+from ..settings import EngineSettings
+from .drafter import DFlashDrafter
+from .loop import GenerationResult, SpecDecoder, TokenCallback
+from .policy import CostCache, CostCurve, DraftLengthPolicy, measure_cost_curve
+from .sampling import SamplingParams
+from .target import Target
+
+CALIBRATION_TEXT = ("The quick brown fox jumps over the lazy dog. def add(a, b):\n    return a + b\n"
+                    "In 1905 Einstein published four papers that changed physics. ") * 8
+
+
+def default_target() -> Path:
+    from ..targets import smollm2_q4_1  # noqa: PLC0415
+    return smollm2_q4_1()
+
+
+def default_drafter(target: Path) -> Path:
+    from ..assets import shipped_drafter_for  # noqa: PLC0415
+    found = shipped_drafter_for(target)
+    if found is None:
+        raise UserError(f"no shipped drafter fits {target.name}; pass one with -md DRAFT.gguf "
+                        "(or train one: dflash-gguf train -m TARGET.gguf -o DRAFT.gguf)")
+    return found
+
+
+def _overrides(specs: Sequence[str]) -> list[TensorOverride]:
+    from ..native.offload import parse_override  # noqa: PLC0415
+    return [TensorOverride(*parse_override(s)) for s in specs]
+
+
+class Engine:
+    """One target, optionally one drafter, a plain decoder and a speculative decoder over them."""
+
+    def __init__(self, settings: EngineSettings, *, speculative: bool = True, calibrate: bool | None = None):
+        from ..native.offload import moe_overrides  # noqa: PLC0415
+        target_path = settings.target or default_target()
+        drafter_path = (settings.drafter or default_drafter(target_path)) if speculative else None
+        if settings.fit:
+            settings = self._fit(settings, target_path, drafter_path)
+        self.settings = s = settings
+        t_overrides = _overrides(list(s.override_tensor) + moe_overrides(s.n_cpu_moe, s.cpu_moe))
+        self.target_model = Model(target_path, n_gpu_layers=s.n_gpu_layers, overrides=t_overrides,
+                                  main_gpu=s.main_gpu, tensor_split=s.tensor_split or None, rpc_servers=s.rpc)
+        self.drafter_model = None
+        taps: list[int] = []
+        block = 16
+        if drafter_path is not None:
+            ngl = s.n_gpu_layers if s.draft_n_gpu_layers is None else s.draft_n_gpu_layers
+            self.drafter_model = Model(drafter_path, n_gpu_layers=ngl, overrides=_overrides(s.draft_override_tensor))
+            taps = self.drafter_model.target_layer_ids()
+            block = self.drafter_model.block_size() or 16
+        self.draft_max = self._draft_max(block)
+        ctx = ContextSettings(n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_batch, n_threads=s.n_threads,
+                              flash_attn=s.flash_attn)
+        self.target = Target(self.target_model, ctx, taps=taps, max_verify=self.draft_max + 1)
+        self.drafter = None
+        if self.drafter_model is not None:
+            dctx = ContextSettings(n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_batch,
+                                   n_threads=s.n_threads, flash_attn=s.flash_attn)
+            window = s.draft_ctx if s.draft_ctx and s.draft_ctx < s.n_ctx else None
+            self.drafter = DFlashDrafter(self.drafter_model, self.target.ctx, dctx, self.target_model, window=window)
+        self.cost: CostCurve | None = None
+        if self.drafter is not None and s.adaptive and calibrate is not False:
+            self.cost = self._cost_curve()
+        self.policy = DraftLengthPolicy(self.draft_max, min(s.draft_min, self.draft_max),
+                                        adaptive=s.adaptive, cost=self.cost)
+        self.spec = SpecDecoder(self.target, self.drafter, self.policy, t_mode=s.t_mode)
+        self.plain = SpecDecoder(self.target, None, DraftLengthPolicy(1, adaptive=False))
+
+    @staticmethod
+    def _fit(s: EngineSettings, target_path: Path, drafter_path: Path | None) -> EngineSettings:
+        import sys  # noqa: PLC0415
+        from dataclasses import replace  # noqa: PLC0415
+
+        from ..native.lib import load  # noqa: PLC0415
+        from ..native.offload import gpu_free_bytes  # noqa: PLC0415
+        from .fit import plan_fit, read_sizes  # noqa: PLC0415
+        free = gpu_free_bytes(load())
+        if not free:
+            print("fit: no GPU device in this build: everything stays on the CPU", file=sys.stderr)
+            return replace(s, n_gpu_layers=0, n_cpu_moe=0, fit=False)
+        plan = plan_fit(read_sizes(target_path, s.n_ctx), read_sizes(drafter_path, s.n_ctx) if drafter_path else None,
+                        s.n_ctx, s.draft_ctx, free[s.main_gpu] if s.main_gpu < len(free) else free[0])
+        print(plan.describe(), file=sys.stderr)
+        return replace(s, n_gpu_layers=plan.n_gpu_layers, n_cpu_moe=plan.n_cpu_moe, fit=False)
+
+    def _draft_max(self, block: int) -> int:
+        wanted = self.settings.draft_max
+        if wanted is None:
+            return block - 1
+        if wanted > block - 1:
+            import sys  # noqa: PLC0415
+            print(f"note: --draft-max {wanted} clamped to the drafter's block size - 1 = {block - 1}", file=sys.stderr)
+            return block - 1
+        if wanted < 1:
+            raise UserError(f"--draft-max must be >= 1, got {wanted}")
+        return wanted
+
+    # -- generation ---------------------------------------------------------------------------
+    def generate(self, prompt: Sequence[int], max_tokens: int, sampling: SamplingParams = SamplingParams(),
+                 on_tokens: TokenCallback | None = None, *, speculative: bool = True) -> GenerationResult:
+        if speculative and self.drafter is not None:
+            return self.spec.generate(list(prompt), max_tokens, sampling, on_tokens)
+        taps = self.target.ctx.taps
+        if taps:      # plain decoding pays nothing for speculation: no hidden-state copies
+            self.target.ctx.set_taps([])
+        try:
+            return self.plain.generate(list(prompt), max_tokens, sampling, on_tokens)
+        finally:
+            if taps:
+                self.target.ctx.set_taps(taps)
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        return self.target_model.tokenize(text, add_special=add_special)
+
+    # -- verify-cost curve --------------------------------------------------------------------
+    def _cost_curve(self) -> CostCurve:
+        from ..native.build import default_backend  # noqa: PLC0415
+        cache = CostCache(cache_root() / "cost-curves.json")
+        key = CostCache.key(self.target_model.path, self.target_model.native.info.get("backend", default_backend()),
+                            self.settings.n_threads, self.settings.n_gpu_layers, self.drafter_model.path)
+        curve = cache.get(key)
+        if curve is None:
+            curve = self.measure_cost_curve()
+            cache.put(key, curve)
+        return curve
+
+    def measure_cost_curve(self, sizes: Sequence[int] | None = None) -> CostCurve:
+        """Time target decodes of B rows and one draft call after a fixed context; leaves the caches empty."""
+        sizes = sizes or sorted({1, 2, 3, 4, 6, 8, 12, 16, self.draft_max + 1} - {0})
+        sizes = [b for b in sizes if b <= self.draft_max + 1]
+        context = self.tokenize(CALIBRATION_TEXT, add_special=False)[:64]
+        self.target.reset()
+        self.drafter.begin()
+        self.target.prefill(context, self.drafter.process)
+        probe = context[-1]
+
+        def time_verify(b: int) -> float:
+            t0 = time.perf_counter()
+            self.target.decode_rows([probe] * b)
+            dt = time.perf_counter() - t0
+            self.target.keep(0, b)
+            return dt
+
+        def time_draft() -> float:
+            t0 = time.perf_counter()
+            self.drafter.draft(probe, self.target.n_past, self.draft_max, want_logits=False)
+            return time.perf_counter() - t0
+
+        time_verify(max(sizes))                     # warm-up: graph allocation for the largest batch
+        curve = measure_cost_curve(time_verify, time_draft, sizes=sizes)
+        self.target.reset()
+        self.drafter.begin()
+        return curve
+
+    def close(self) -> None:
+        for part in (self.drafter, self.target):
+            if part is not None:
+                part.close()
+        for m in (self.drafter_model, self.target_model):
+            if m is not None:
+                m.close()
+
+
+def require_native() -> None:
+    """Fail early with the build hint when the native layer is missing."""
+    from ..native.lib import NativeLibraryError, load  # noqa: PLC0415
+    try:
+        load()
+    except NativeLibraryError as e:
+        raise SetupError(str(e)) from e

@@ -1,0 +1,1 @@
+"""Native layer: the only place that touches ctypes. Import submodules lazily."""

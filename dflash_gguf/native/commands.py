@@ -1,0 +1,38 @@
+"""`dflash-gguf build` and `dflash-gguf doctor`."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from ..errors import SetupError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def build(backend: Optional[str] = typer.Option(None, help="cpu | cuda | metal (default: detected)"),
+              jobs: Optional[int] = typer.Option(None, help="parallel compile jobs"),
+              tools: bool = typer.Option(False, "--tools", help="also build llama-server, llama-speculative-simple"),
+              cuda_arch: Optional[str] = typer.Option(None, help="CMAKE_CUDA_ARCHITECTURES, e.g. 90")):
+        """Fetch the pinned llama.cpp, apply patches/ and ggml-kernels/, build the shared libraries."""
+        from .build import BuildError, build as do_build
+        try:
+            out = do_build(backend, jobs, tools, cuda_arch)
+        except BuildError as e:
+            raise SetupError(str(e)) from e
+        typer.echo(out)
+
+    @app.command()
+    def doctor(as_json: bool = typer.Option(False, "--json", help="print one JSON object")):
+        """Report the native build: llama.cpp commit, patches, backends, devices, tap API, library paths."""
+        from .doctor import collect
+        report = collect()
+        if as_json:
+            typer.echo(json.dumps(report, indent=2))
+            return
+        for key, value in report.items():
+            typer.echo(f"{key:>22}: {value if not isinstance(value, (list, dict)) else json.dumps(value)}")
+        if not report.get("ok"):
+            raise typer.Exit(1)

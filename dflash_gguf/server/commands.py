@@ -1,0 +1,151 @@
+"""`dflash-gguf serve` (OpenAI-compatible server) and `dflash-gguf models` (what LM Studio/Jan/HF hold)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import UserError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(context_settings={"help_option_names": ["-h", "--help"]})
+    def serve(
+        model: Optional[str] = typer.Option(None, "-m", "--model",
+                                            help="target GGUF, or a name from `dflash-gguf models` "
+                                                 "(lmstudio:<publisher>/<model>, jan:<id>, hf:<repo>/<file>)"),
+        draft: Optional[str] = typer.Option(None, "-md", "--model-draft",
+                                            help="DFlash drafter GGUF (default: one found that fits the target)"),
+        host: str = typer.Option("127.0.0.1", "--host", help="address to bind; loopback unless you share it"),
+        port: int = typer.Option(8080, "--port"),
+        api_key: Optional[str] = typer.Option(None, "--api-key", envvar="DFLASH_GGUF_API_KEY",
+                                              help="require `Authorization: Bearer KEY` on /v1/*"),
+        alias: Optional[str] = typer.Option(None, "--alias", help="model id reported by /v1/models"),
+        cors_origin: list[str] = typer.Option(["*"], "--cors-origin", help="allowed browser origin (repeatable)"),
+        chat_template: Optional[Path] = typer.Option(None, "--chat-template",
+                                                     help="Jinja chat template file (default: the model's own)"),
+        max_tokens: Optional[int] = typer.Option(None, "--max-tokens",
+                                                 help="default max_tokens when a request sets none "
+                                                      "(default: until the context is full)"),
+        ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="context size (default 4096)"),
+        threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads (0 = all)"),
+        n_gpu_layers: Optional[int] = typer.Option(None, "-ngl", "--n-gpu-layers"),
+        fit: bool = typer.Option(False, "--fit", help="choose -ngl / --n-cpu-moe from free VRAM"),
+        draft_max: Optional[int] = typer.Option(None, "--draft-max", help="most draft tokens per verify"),
+        draft_min: Optional[int] = typer.Option(None, "--draft-min"),
+        no_adaptive: bool = typer.Option(False, "--no-adaptive", help="always verify --draft-max tokens"),
+        draft_ctx: Optional[int] = typer.Option(None, "--draft-ctx", help="drafter KV size"),
+        n_cpu_moe: Optional[int] = typer.Option(None, "--n-cpu-moe"),
+        cpu_moe: bool = typer.Option(False, "--cpu-moe"),
+        override_tensor: list[str] = typer.Option([], "-ot", "--override-tensor", help="REGEX=BUFFER_TYPE"),
+        t_mode: Optional[str] = typer.Option(None, "--t-mode", help="T>0 verification: rejection | match"),
+        main_gpu: Optional[int] = typer.Option(None, "-mg", "--main-gpu"),
+        tensor_split: Optional[str] = typer.Option(None, "-ts", "--tensor-split", help="e.g. 3,1"),
+        rpc: Optional[str] = typer.Option(None, "--rpc", help="HOST:PORT,... of ggml rpc-servers"),
+        plain: bool = typer.Option(False, "--plain", help="serve without speculation (baseline)"),
+    ):
+        """OpenAI-compatible server (chat, completions, models, health) for Jan, LM Studio and any client."""
+        import uvicorn
+
+        from ..engine.session import Engine, require_native
+        from ..settings import EngineSettings
+        from .app import ServerConfig, create_app
+        from .worker import EngineWorker
+
+        require_native()
+        target, drafter = _pick_models(model, draft, plain)
+        template = None
+        if chat_template is not None:
+            if not chat_template.is_file():
+                raise UserError(f"--chat-template {chat_template}: no such file")
+            template = chat_template.read_text(encoding="utf-8")
+        settings = EngineSettings.from_env(
+            target=target, drafter=drafter, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers,
+            fit=fit or None, draft_max=draft_max, draft_min=draft_min, adaptive=False if no_adaptive else None,
+            draft_ctx=draft_ctx, n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe or None,
+            override_tensor=tuple(override_tensor) or None, t_mode=t_mode, main_gpu=main_gpu, rpc=rpc,
+            tensor_split=tuple(float(x) for x in tensor_split.split(",")) if tensor_split else None)
+        log = lambda msg: print(f"dflash-gguf serve: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+        worker = EngineWorker(lambda: Engine(settings, speculative=not plain), log=log)
+        model_id = alias or (target.stem if target else "smollm2-135m-instruct-dflash")
+        app = create_app(worker, ServerConfig(model_id, api_key, tuple(cors_origin), max_tokens, template))
+        _announce(host, port, api_key, log)
+        log(f"loading {target or 'the embedded default model'} in the background; /health answers 503 until "
+            "it is ready")
+        worker.start()
+        try:
+            uvicorn.run(app, host=host, port=port, log_level="warning")
+        finally:
+            worker.stop(timeout=10)
+
+    @app.command()
+    def models(as_json: bool = typer.Option(False, "--json", help="one JSON list instead of text")):
+        """List GGUF targets in LM Studio's, Jan's and the Hugging Face folders, with the drafters that fit."""
+        from .discovery import hf_roots, jan_data_folders, lmstudio_roots, scan
+        found = scan()
+        if as_json:
+            typer.echo(json.dumps([{**f.__dict__, "path": str(f.path), "drafters": [str(d) for d in f.drafters]}
+                                   for f in found], indent=2))
+            return
+        if not found:
+            places = [*lmstudio_roots(), *(d / "llamacpp" / "models" for d in jan_data_folders()), *hf_roots()]
+            typer.echo("no GGUF files found in:\n" + "\n".join(f"  {p}" for p in places))
+            return
+        for f in found:
+            if f.is_drafter:
+                typer.echo(f"{f.name}  (DFlash drafter, {f.n_embd} wide)  {f.path}")
+                continue
+            kind = f.architecture if f.architecture == "unreadable" else \
+                f"{f.architecture}, {f.n_layer} layers, {f.n_embd} wide, vocab {f.n_vocab}"
+            typer.echo(f"{f.name}  ({kind})  {f.path}")
+            for d in f.drafters:
+                typer.echo(f"    fits drafter: {d}")
+            if not f.drafters and f.architecture != "unreadable":
+                typer.echo("    no drafter found for it (train one: dflash-gguf train)")
+
+
+def _pick_models(model: str | None, draft: str | None, plain: bool) -> tuple[Path | None, Path | None]:
+    """Resolve -m/-md names; without -md, take a found drafter that fits (or the shipped one)."""
+    from ..assets import shipped_drafter_for
+    from ..engine.session import default_target
+    from .discovery import drafters_for, resolve_model
+    target = resolve_model(model) if model else None
+    if target is not None and not target.is_file():
+        raise UserError(f"-m {model}: {target} is not a file")
+    drafter = resolve_model(draft, drafter=True) if draft else None
+    if plain or drafter is not None:
+        return target, drafter
+    served = target or default_target()
+    if shipped_drafter_for(served) is not None:
+        return target, None                      # the engine picks the shipped one
+    fitting = drafters_for(served)
+    if not fitting:
+        raise UserError(f"no drafter found for {served.name}: pass one with -md DRAFT.gguf, train one "
+                        "(dflash-gguf train), or serve without speculation (--plain)")
+    print(f"dflash-gguf serve: drafter {fitting[0]} (fits {served.name}; -md to choose another)", file=sys.stderr)
+    return target, fitting[0]
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _announce(host: str, port: int, api_key: str | None, log) -> None:
+    url = f"http://{host}:{port}/v1"
+    if _loopback(host):
+        log(f"listening on {url} (loopback only: other machines cannot connect; --host 0.0.0.0 to share)")
+    elif api_key:
+        log(f"listening on {url}: reachable from other machines; requests need the API key")
+    else:
+        log("!" * 78)
+        log(f"WARNING: listening on {url}, reachable from OTHER MACHINES, WITHOUT an API key.")
+        log("Anyone on the network can use this server. Add --api-key KEY, or bind 127.0.0.1.")
+        log("!" * 78)

@@ -1,0 +1,66 @@
+"""Parsed request → prompt tokens → a Job for the engine thread (chat template, context check, limits)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ..engine.chat import render_chat, supports_thinking
+from ..engine.text import TextStream
+from .chat_output import THINK_OPEN, OutputSplitter
+from .protocol import BadRequest, ChatRequest, CompletionRequest, Generation
+from .worker import Job
+
+
+def chat_job(engine, req: ChatRequest, template_override: str | None,
+             loop: asyncio.AbstractEventLoop) -> tuple[Job, OutputSplitter]:
+    m = engine.target_model
+    template = template_override or m.chat_template()
+    if not template:
+        raise BadRequest(f"{m.path.name} has no chat template: use /v1/completions with a raw prompt, or start "
+                         "the server with --chat-template FILE.jinja", "messages", "no_chat_template")
+    if req.tools and "tools" not in template:
+        raise BadRequest(f"{m.path.name}'s chat template has no tool support, so the tools would be ignored; "
+                         "remove `tools` or serve a model whose template renders them", "tools", "unsupported_value")
+    think = req.enable_thinking
+    if not supports_thinking(template):
+        if think:
+            raise BadRequest(f"{m.path.name}'s chat template has no thinking switch "
+                             "(chat_template_kwargs.enable_thinking)", "chat_template_kwargs", "unsupported_value")
+        think = None          # false on a model that cannot think is already true to the request
+    text = render_chat(template, req.messages, tools=req.tools, enable_thinking=think,
+                       bos_token=m.token_bytes(m.bos(), special=True).decode("utf-8", "replace"),
+                       eos_token=m.token_bytes(m.eos(), special=True).decode("utf-8", "replace"),
+                       model_name=m.path.name)
+    opened_think = text.rstrip().endswith(THINK_OPEN)   # R1-style templates open the think block themselves
+    splitter = OutputSplitter(thinking=opened_think, parse_reasoning=req.parse_reasoning, tools=bool(req.tools),
+                              max_tool_calls=None if req.parallel_tool_calls else 1)
+    return _job(engine, m.tokenize(text, add_special=False), req, "messages", loop), splitter
+
+
+def completion_job(engine, req: CompletionRequest, loop: asyncio.AbstractEventLoop) -> Job:
+    if isinstance(req.prompt, str):
+        tokens = engine.tokenize(req.prompt, add_special=True)
+    else:
+        n_vocab = engine.target_model.n_vocab
+        bad = [t for t in req.prompt if t >= n_vocab]
+        if bad:
+            raise BadRequest(f"token id {bad[0]} is outside the vocabulary ({n_vocab})", "prompt", "invalid_value")
+        tokens = list(req.prompt)
+    return _job(engine, tokens, req, "prompt", loop)
+
+
+def _job(engine, tokens: list[int], req: Generation, param: str, loop) -> Job:
+    n_ctx = engine.target.n_ctx
+    if not tokens:
+        raise BadRequest("the prompt is empty after tokenization", param, "invalid_value")
+    if len(tokens) + 1 > n_ctx:
+        raise BadRequest(f"the prompt is {len(tokens)} tokens; the context holds {n_ctx} (prompt + at least one "
+                         "generated token); shorten it or restart the server with a larger -c", param,
+                         "context_length_exceeded")
+    room = n_ctx - len(tokens)
+    max_tokens = min(req.max_tokens or room, room)
+    try:
+        req.sampling.validate()
+    except ValueError as e:
+        raise BadRequest(str(e), None, "invalid_value") from e
+    return Job(tokens, max_tokens, req.sampling, TextStream(engine.target_model.token_bytes, req.stop), loop)

@@ -1,0 +1,1 @@
+"""Distil a DFlash drafter for any GGUF target, with the target itself as teacher."""

@@ -1,0 +1,95 @@
+"""harvest → train → export: a drafter for any GGUF target, from the target alone."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from ..drafter.config import DrafterConfig, official_target_layer_ids
+from ..errors import UserError
+from ..native.build import sha256_file as file_sha256
+from .harvest import HarvestSettings, harvest
+from .trainer import Trainer, TrainSettings
+
+
+def auto_taps(n_target_layers: int, n_taps: int = 4) -> list[int]:
+    """The official tap formula (HF layer ids) shifted to llama.cpp tap ids (+1)."""
+    return [i + 1 for i in official_target_layer_ids(n_target_layers, n_taps)]
+
+
+def parse_taps(spec: str, n_target_layers: int) -> list[int]:
+    if spec == "auto":
+        return auto_taps(n_target_layers)
+    try:
+        taps = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--taps {spec!r}: expected 'auto' or comma-separated layer ids like 2,11,19,28") from None
+    bad = [t for t in taps if not 0 <= t <= n_target_layers]
+    if bad or not taps:
+        raise UserError(f"--taps {spec!r}: ids must be in 0..{n_target_layers} for this target")
+    return taps
+
+
+def drafter_config(geometry: dict, taps: list[int], n_layers: int, block_size: int, mask_token: int) -> DrafterConfig:
+    """Same attention/MLP geometry as the target's layers, so draft layers can start as target layers."""
+    return DrafterConfig(hidden_size=geometry["n_embd"], intermediate_size=geometry["n_ff"], n_layers=n_layers,
+                         n_heads=geometry["n_head"], n_kv_heads=geometry["n_head_kv"], head_dim=geometry["head_dim"],
+                         target_layers=taps, block_size=block_size, mask_token_id=mask_token,
+                         vocab_size=geometry["n_vocab"], rms_eps=geometry["rms_eps"], rope_theta=geometry["rope_theta"])
+
+
+def pick_mask_token(target: Path) -> int:
+    """An id the target never emits in text: its dedicated mask token if any, else the unknown token
+    (padding last: it is often the end-of-text token, which does appear as an input)."""
+    import gguf  # noqa: PLC0415
+    r = gguf.GGUFReader(str(target))
+    for key in ("tokenizer.ggml.mask_token_id", "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"):
+        f = r.fields.get(key)
+        if f is not None:
+            return int(f.contents())
+    return 0
+
+
+def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, *, taps: list[int],
+                  harvest_settings: HarvestSettings, train_settings: TrainSettings, max_tokens: int | None,
+                  outtype: str = "q8_0", resume: bool = False, force: bool = False, data_note: str = "",
+                  progress: bool = True) -> dict:
+    from ..convert.writer import write_dflash_gguf  # noqa: PLC0415
+    from .dataset import FeatureDataset  # noqa: PLC0415
+    from .target_weights import attention_geometry, embedding_and_head, layer_init  # noqa: PLC0415
+
+    if out.exists() and not force:
+        raise UserError(f"{out} exists; pass --force to overwrite it")
+    geometry = attention_geometry(target)
+    data_dir = work_dir / "data"
+    if not (data_dir / "index.jsonl").exists() or resume:
+        print(f"harvesting training data from {target.name} into {data_dir}", file=sys.stderr)
+        harvest(target, prompts, data_dir, harvest_settings, max_tokens=max_tokens)
+    data = FeatureDataset(data_dir)
+    if data.taps != taps:
+        raise UserError(f"{data_dir} was harvested for taps {data.taps}, not {taps}; use another --work-dir")
+    config = drafter_config(geometry, taps, train_settings.n_layers, train_settings.block_size, pick_mask_token(target))
+    embed, head = embedding_and_head(target)
+    init = layer_init(target, max(taps), train_settings.n_layers) if train_settings.init_from_target else None
+    trainer = Trainer(data, config, embed, head, train_settings, init)
+    ckpt_dir = work_dir / "checkpoint"
+    if resume and (ckpt_dir / "ckpt.pt").exists():
+        trainer.resume(ckpt_dir)
+        print(f"resumed at step {trainer.step}/{trainer.total_steps}", file=sys.stderr)
+    result = trainer.train(ckpt_dir, progress=progress)
+    train_ids, val_ids = data.split()
+    record = {"target": target.name, "target_sha256": file_sha256(target), "taps": taps,
+              "train_settings": asdict(train_settings), "harvest_settings": asdict(harvest_settings),
+              "sequences": len(data.index), "train_sequences": len(train_ids), "val_sequences": len(val_ids),
+              "response_tokens": data.n_tokens(train_ids), "steps": trainer.step,
+              "val_loss": result.loss, "val_tau_estimate": result.tau,
+              "val_slot_accept": result.slot_accept, "data": data_note}
+    meta = {f"dflash_gguf.train.{k}": (json.dumps(v) if isinstance(v, (dict, list)) else v)
+            for k, v in record.items() if v is not None}
+    write_dflash_gguf(trainer.state_numpy(), config, target, out, outtype=outtype, extra_metadata=meta, force=force,
+                      name=f"{geometry['arch']}-dflash-drafter", source="trained drafter")
+    (work_dir / "train-record.json").write_text(json.dumps(record, indent=2))
+    return record

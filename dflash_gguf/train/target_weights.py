@@ -1,0 +1,81 @@
+"""The frozen pieces of the target a drafter trains against: token embedding and LM head (dequantized),
+and optionally its last layers as the drafter's starting point."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..convert.names import LAYER_NAMES
+
+# llama.cpp stores q/k of these architectures permuted for GPT-J style RoPE; the drafter uses NeoX style
+_PERMUTED_QK = {"llama", "mistral", "granite"}
+
+
+def _reader(path: Path):
+    import gguf  # noqa: PLC0415
+    return gguf.GGUFReader(str(path))
+
+
+def _tensor(reader, name: str) -> np.ndarray | None:
+    import gguf  # noqa: PLC0415
+    for t in reader.tensors:
+        if t.name == name:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+            return np.asarray(arr, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
+    return None
+
+
+def embedding_and_head(target: Path) -> tuple[np.ndarray, np.ndarray]:
+    """[V, H] token embedding and [V, H] LM head (the embedding itself for tied models)."""
+    r = _reader(target)
+    embed = _tensor(r, "token_embd.weight")
+    head = _tensor(r, "output.weight")
+    return embed, embed if head is None else head
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def layer_init(target: Path, first_layer: int, n_layers: int) -> dict[str, np.ndarray]:
+    """z-lab-named tensors for draft layers 0..n_layers-1 copied from target layers first_layer.. ."""
+    r = _reader(target)
+    arch = r.fields["general.architecture"].contents()
+    n_head = int(r.fields[f"{arch}.attention.head_count"].contents())
+    kv = r.fields.get(f"{arch}.attention.head_count_kv")
+    n_head_kv = int(kv.contents()) if kv is not None else n_head
+    n_layer = int(r.fields[f"{arch}.block_count"].contents())
+    out = {}
+    for i in range(n_layers):
+        src = min(first_layer + i, n_layer - 1)
+        for hf_suffix, gguf_suffix in LAYER_NAMES.items():
+            arr = _tensor(r, f"blk.{src}.{gguf_suffix}")
+            if arr is None:
+                continue
+            if arch in _PERMUTED_QK and gguf_suffix in ("attn_q.weight", "attn_k.weight"):
+                arr = _unpermute(arr, n_head if gguf_suffix == "attn_q.weight" else n_head_kv)
+            out[f"layers.{i}.{hf_suffix}"] = arr
+    norm = _tensor(r, "output_norm.weight")
+    if norm is not None:
+        out["norm.weight"] = norm
+    return out
+
+
+def attention_geometry(target: Path) -> dict:
+    r = _reader(target)
+    arch = r.fields["general.architecture"].contents()
+
+    def get(key, default=None):
+        f = r.fields.get(f"{arch}.{key}")
+        return f.contents() if f is not None else default
+
+    n_embd, n_head = int(get("embedding_length")), int(get("attention.head_count"))
+    return {"arch": arch, "n_embd": n_embd, "n_layer": int(get("block_count")), "n_head": n_head,
+            "n_head_kv": int(get("attention.head_count_kv", n_head)),
+            "head_dim": int(get("attention.key_length", n_embd // n_head)),
+            "n_ff": int(get("feed_forward_length")), "rope_theta": float(get("rope.freq_base", 10000.0)),
+            "rms_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+            "n_vocab": len(r.fields["tokenizer.ggml.tokens"].data)}

@@ -1,0 +1,267 @@
+"""The DFlash training objective and loop (dflash-spec.md §3.1), on CPU or CUDA.
+
+Loss: cross-entropy of block slot k (k ≥ 1) against the target's token at anchor+k, weighted
+exp(-(k-1)/γ) — early slots matter most, since a rejection ends the accepted run.
+The target's token embedding and LM head are frozen; only the drafter learns.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..drafter.config import DrafterConfig
+from .dataset import FeatureDataset, PackedBlocks
+
+
+@dataclass
+class TrainSettings:
+    n_layers: int = 2
+    block_size: int = 8
+    gamma: float | None = None          # None: 7 for block 16, 4 for block 8 (published defaults), else B/2
+    anchors_per_seq: int = 48
+    seqs_per_step: int = 4
+    lr: float = 6e-4
+    weight_decay: float = 0.01
+    warmup: float = 0.04
+    grad_clip: float = 1.0
+    epochs: float = 1.0
+    max_steps: int | None = None
+    max_seconds: float | None = None
+    eval_every: int = 100
+    eval_seqs: int = 64                 # validation sequences per evaluation (32 anchors each)
+    ckpt_every: int = 100
+    seed: int = 0
+    device: str = "cpu"
+    init_from_target: bool = True       # start the draft layers from the target's last layers
+    # None: softmax over the whole vocabulary. N: over the tokens present in the data plus N others drawn
+    # afresh each step (the frozen LM head is most of the FLOPs; on CPU this makes a step ~5x cheaper).
+    # Validation always uses the whole vocabulary.
+    loss_vocab_extra: int | None = None
+    grow_data: bool = False             # re-read the dataset after each pass (a harvest is still writing it)
+    extra: dict = field(default_factory=dict)
+
+    def gamma_value(self) -> float:
+        if self.gamma is not None:
+            return self.gamma
+        return {16: 7.0, 8: 4.0}.get(self.block_size, self.block_size / 2)
+
+
+@dataclass
+class EvalResult:
+    loss: float
+    slot_accept: list[float]            # P(slot k right | slots < k right)
+    mean_accepted: float                # E[leading correct slots]: τ - 1 if verify took the whole block
+
+    @property
+    def tau(self) -> float:
+        return 1.0 + self.mean_accepted
+
+
+def slot_weights(block_size: int, gamma: float) -> np.ndarray:
+    w = np.zeros(block_size)
+    w[1:] = np.exp(-(np.arange(1, block_size) - 1) / gamma)
+    return w
+
+
+class Trainer:
+    def __init__(self, data: FeatureDataset, config: DrafterConfig, embed: np.ndarray, head: np.ndarray,
+                 settings: TrainSettings, target_layers: dict | None = None):
+        import torch  # noqa: PLC0415
+
+        from ..drafter.torch_ref import DFlashDrafter  # noqa: PLC0415
+        self.torch = torch
+        torch.manual_seed(settings.seed)
+        self.data, self.config, self.s = data, config, settings
+        self.device = torch.device(settings.device)
+        self.embed = torch.tensor(embed, dtype=torch.float32, device=self.device)      # [V, H] frozen
+        self.head = torch.tensor(head, dtype=torch.float32, device=self.device)        # [V, H] frozen
+        self.model = DFlashDrafter(config).to(self.device)
+        if settings.init_from_target and target_layers:
+            self._init_from_target(target_layers)
+        self.weights = torch.tensor(slot_weights(config.block_size, settings.gamma_value()), dtype=torch.float32,
+                                    device=self.device)
+        self.train_ids, self.val_ids = data.split()
+        self.rng = np.random.default_rng(settings.seed)
+        n_batches = math.ceil(len(self.train_ids) * settings.epochs / settings.seqs_per_step)
+        self.total_steps = min(n_batches, settings.max_steps or n_batches)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay,
+                                     betas=(0.9, 0.95))
+        self.step = 0
+        self.seconds_before = 0.0           # training time spent before a resume
+        self.history: list[dict] = []
+        self.data_vocab = data.vocabulary() if settings.loss_vocab_extra is not None else None
+
+    def _init_from_target(self, layers: dict) -> None:
+        """Draft layers start as copies of the target's last layers; fc starts by passing the deepest tap."""
+        torch = self.torch
+        sd = self.model.state_dict()
+        with torch.no_grad():
+            for name, arr in layers.items():
+                if name in sd and tuple(sd[name].shape) == arr.shape:
+                    sd[name].copy_(torch.tensor(arr))
+            H, k = self.config.hidden_size, self.config.n_taps
+            fc = torch.randn(H, k * H) * 0.02 / math.sqrt(k)
+            fc[:, (k - 1) * H:] += torch.eye(H)
+            sd["fc.weight"].copy_(fc)
+        self.model.load_state_dict(sd)
+
+    # -- objective ----------------------------------------------------------------------------
+    def forward(self, pb: PackedBlocks, vocab: np.ndarray | None = None):
+        """Logits [R, V'] of the rows with labels (slots ≥ 1), their labels and slots; V' = `vocab` ids
+        (sorted, containing every label) or the whole vocabulary."""
+        torch = self.torch
+        dev = self.device
+        emb = self.embed[torch.as_tensor(pb.block_tokens, device=dev)][None]                 # [1, S, H]
+        ctx = torch.as_tensor(np.asarray(pb.ctx_feats, dtype=np.float32), device=dev)[None]  # [1, C, k*H]
+        C = ctx.shape[1]
+        hidden = self.model(emb, ctx, torch.as_tensor(pb.block_pos, device=dev)[None],
+                            torch.arange(C, device=dev)[None], torch.as_tensor(pb.mask, device=dev)[None])
+        rows = torch.as_tensor(pb.slot > 0, device=dev)
+        labels = torch.as_tensor(pb.labels, device=dev)[rows]
+        if vocab is None:
+            logits = hidden[0][rows] @ self.head.t()                                          # [R, V]
+        else:
+            ids = torch.as_tensor(vocab, device=dev)
+            logits = hidden[0][rows] @ self.head[ids].t()                                     # [R, V']
+            labels = torch.searchsorted(ids, labels)
+        slots = torch.as_tensor(pb.slot, device=dev)[rows]
+        return logits, labels, slots
+
+    def loss(self, logits, labels, slots):
+        torch = self.torch
+        ce = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="none")
+        w = self.weights[slots]
+        return (ce * w).sum() / w.sum()
+
+    # -- loop -----------------------------------------------------------------------------------
+    def lr_at(self, step: int, seconds: float = 0.0) -> float:
+        """Linear warm-up, then cosine to zero at the last step — or at max_seconds, if that comes first."""
+        warm = max(1, int(self.s.warmup * self.total_steps))
+        if step < warm:
+            return self.s.lr * (step + 1) / warm
+        progress = (step - warm) / max(1, self.total_steps - warm)
+        if self.s.max_seconds:
+            progress = max(progress, seconds / self.s.max_seconds)
+        return self.s.lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+    def _loss_vocab(self) -> np.ndarray | None:
+        if self.data_vocab is None:
+            return None
+        extra = self.rng.choice(self.head.shape[0], size=min(self.s.loss_vocab_extra, self.head.shape[0]),
+                                replace=False)
+        return np.union1d(self.data_vocab, extra)
+
+    def train(self, out_dir: Path, progress: bool = True) -> EvalResult:
+        torch = self.torch
+        from tqdm import tqdm  # noqa: PLC0415
+        t0 = time.time() - self.seconds_before
+        order = self._order()
+        bar = tqdm(total=self.total_steps, initial=self.step, disable=not progress, desc="train", unit="step")
+        last_eval = None
+        while self.step < self.total_steps:
+            if self.s.max_seconds and time.time() - t0 > self.s.max_seconds:
+                break
+            lr = self.lr_at(self.step, time.time() - t0)
+            for group in self.opt.param_groups:
+                group["lr"] = lr
+            total = 0.0
+            packs = [self._next_blocks(order) for _ in range(self.s.seqs_per_step)]
+            vocab = self._loss_vocab()          # after the packs: a data refresh may have brought new tokens
+            for pb in packs:
+                with torch.autocast(self.device.type, dtype=torch.bfloat16):
+                    loss = self.loss(*self.forward(pb, vocab)) / self.s.seqs_per_step
+                loss.backward()
+                total += loss.item()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.grad_clip)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            self.step += 1
+            self.seconds_before = time.time() - t0
+            rec = {"step": self.step, "loss": total, "lr": lr, "seconds": self.seconds_before,
+                   "train_sequences": len(self.train_ids)}
+            if self.step % self.s.eval_every == 0 or self.step == self.total_steps:
+                last_eval = self.evaluate(self.s.eval_seqs)
+                rec |= {"val_loss": last_eval.loss, "val_tau": last_eval.tau,
+                        "val_slot_accept": [round(x, 3) for x in last_eval.slot_accept]}
+            if self.step % self.s.ckpt_every == 0:
+                self.save(out_dir)
+            self.history.append(rec)
+            bar.set_postfix(loss=f"{total:.3f}", tau=f"{last_eval.tau:.2f}" if last_eval else "-")
+            bar.update(1)
+        bar.close()
+        self.save(out_dir)
+        return self.evaluate() if last_eval is None or self.history[-1].get("val_tau") is None else last_eval
+
+    def _order(self):
+        while True:
+            if self.s.grow_data:
+                self.data.refresh()
+                self.train_ids, self.val_ids = self.data.split()
+                if self.data_vocab is not None:
+                    self.data_vocab = self.data.vocabulary()
+            ids = list(self.train_ids)
+            self.rng.shuffle(ids)
+            yield from ids
+
+    def _next_blocks(self, order) -> PackedBlocks:
+        while True:
+            pb = self.data.blocks(next(order), self.s.anchors_per_seq, self.config.block_size,
+                                  self.config.mask_token_id, self.rng)
+            if pb is not None:
+                return pb
+
+    def evaluate(self, max_seqs: int = 64) -> EvalResult:
+        torch = self.torch
+        rng = np.random.default_rng(1234)
+        B = self.config.block_size
+        losses, correct_runs, slot_hits, slot_tries = [], [], np.zeros(B), np.zeros(B)
+        self.model.eval()
+        with torch.no_grad():
+            for seq in self.val_ids[:max_seqs]:
+                pb = self.data.blocks(seq, 32, B, self.config.mask_token_id, rng)
+                if pb is None:
+                    continue
+                logits, labels, slots = self.forward(pb)
+                losses.append(float(self.loss(logits, labels, slots)))
+                right = (logits.argmax(-1) == labels).view(-1, B - 1).cpu().numpy()        # [A, B-1]
+                run = np.cumprod(right, axis=1)
+                correct_runs += run.sum(axis=1).tolist()
+                prev = np.concatenate([np.ones((run.shape[0], 1)), run[:, :-1]], axis=1)
+                slot_tries[1:] += prev.sum(axis=0)
+                slot_hits[1:] += run.sum(axis=0)
+        self.model.train()
+        accept = [float(h / t) if t else 0.0 for h, t in zip(slot_hits[1:], slot_tries[1:])]
+        return EvalResult(float(np.mean(losses)) if losses else float("nan"), accept,
+                          float(np.mean(correct_runs)) if correct_runs else 0.0)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save(self, out_dir: Path) -> None:
+        torch = self.torch
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir / "ckpt.pt.tmp"
+        torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+                    "rng": self.rng.bit_generator.state, "settings": asdict(self.s),
+                    "seconds": self.seconds_before,
+                    "config": self.config.to_json()}, tmp)
+        tmp.replace(out_dir / "ckpt.pt")
+        (out_dir / "history.json").write_text(json.dumps(self.history))
+
+    def resume(self, out_dir: Path) -> None:
+        torch = self.torch
+        ck = torch.load(out_dir / "ckpt.pt", map_location=self.device, weights_only=False)
+        self.model.load_state_dict(ck["model"])
+        self.opt.load_state_dict(ck["opt"])
+        self.step = ck["step"]
+        self.seconds_before = ck.get("seconds", 0.0)
+        self.rng.bit_generator.state = ck["rng"]
+        hist = out_dir / "history.json"
+        self.history = json.loads(hist.read_text()) if hist.exists() else []
+
+    def state_numpy(self) -> dict[str, np.ndarray]:
+        return {k: v.detach().float().cpu().numpy() for k, v in self.model.state_dict().items()}

@@ -1,0 +1,58 @@
+"""The native build recipe: patches apply to a fresh unpack, failures name the patch, keys track inputs."""
+
+from pathlib import Path
+
+import pytest
+
+from dflash_gguf.native import build as nb
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_patches_apply_to_fresh_unpack(tmp_path):
+    inputs = nb.source_inputs(ROOT)
+    assert [p.name[:4] for p in inputs.patches] == sorted(p.name[:4] for p in inputs.patches)
+    assert len(inputs.patches) >= 2
+    pristine = nb.pristine_tree() / "vendor" / "llama.cpp"
+    files = nb.apply_patches(pristine, inputs.patches, tmp_path)
+    header = files["include/llama-dflash.h"].decode()
+    assert 'extern "C"' in header and "llama_dflash_get_layer_taps" in header
+    for arch in ("qwen2", "gemma3", "phi3"):
+        assert b"res->t_layer_inp[il] = inpL;" in files[f"src/models/{arch}.cpp"], arch
+        assert b"res->t_layer_inp[il] = inpL;" not in (pristine / f"src/models/{arch}.cpp").read_bytes(), arch
+
+
+def test_broken_patch_is_named(tmp_path):
+    bad = tmp_path / "9999-broken.patch"
+    bad.write_text("--- a/src/llama.cpp\n+++ b/src/llama.cpp\n@@ -1,1 +1,1 @@\n-this line is not there\n+x\n")
+    pristine = nb.pristine_tree() / "vendor" / "llama.cpp"
+    with pytest.raises(nb.BuildError, match="9999-broken.patch"):
+        nb.apply_patches(pristine, [bad], tmp_path / "out")
+
+
+def test_build_key_changes_with_patches(tmp_path):
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "pyproject.toml").write_text("")
+    p = tmp_path / "patches" / "0001-a.patch"
+    p.write_text("one")
+    k1 = nb.build_key(nb.source_inputs(tmp_path), "cpu")
+    p.write_text("two")
+    k2 = nb.build_key(nb.source_inputs(tmp_path), "cpu")
+    assert k1 != k2 and k1.startswith(nb.LLAMA_CPP_COMMIT) and k1.endswith("-cpu")
+    assert nb.build_key(nb.source_inputs(tmp_path), "cuda") != k2
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    marker = "<!-- test-command -->"
+    block = readme.split(marker)[1]
+    command = next(line.strip() for line in block.splitlines() if line.strip() and not line.startswith("```"))
+    assert command in ci.splitlines()
+
+
+def test_loaded_library_has_tap_api():
+    from dflash_gguf.native.lib import EXPECTED_API_VERSION, load
+    native = load()
+    assert native.dflash.api_version() == EXPECTED_API_VERSION
+    assert native.info["patches"] == [p.name for p in nb.source_inputs(ROOT).patches]

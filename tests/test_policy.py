@@ -1,0 +1,58 @@
+"""Draft-length policy: pick the n with the best expected tokens per second, or plain decoding."""
+
+import numpy as np
+
+from dflash_gguf.engine.policy import CostCache, CostCurve, DraftLengthPolicy, SlotAcceptance
+
+
+def _feed(policy: DraftLengthPolicy, accepted_len: int, steps: int = 200) -> None:
+    for _ in range(steps):
+        policy.observe(policy.draft_max, accepted_len)
+
+
+def test_expected_tokens_from_slot_acceptance():
+    s = SlotAcceptance(3, prior_weight=0.0, decay=1.0)
+    s.update(3, 3)
+    s.update(3, 1)
+    # slot 1: 2/2, slot 2: 1/2 (tried twice: accepted once, rejected once), slot 3: 1/1
+    np.testing.assert_allclose(s.alpha(), [1.0, 0.5, 1.0])
+    np.testing.assert_allclose(s.expected_tokens(), [1.0, 2.0, 2.5, 3.0])
+
+
+def test_flat_cost_and_high_acceptance_drafts_long():
+    p = DraftLengthPolicy(7, cost=CostCurve({1: 1.0, 8: 1.1}, t_draft=0.1))
+    _feed(p, 7)
+    assert p.choose() == 7
+
+
+def test_steep_cost_and_low_acceptance_falls_back_to_plain():
+    # CPU-like curve (t(8) = 4.3 t(1)) and drafts that are almost never accepted
+    p = DraftLengthPolicy(7, cost=CostCurve({1: 1.0, 2: 1.6, 4: 2.4, 8: 4.3}, t_draft=0.4), probe_every=10)
+    _feed(p, 0)
+    choices = [p.choose() for _ in range(30)]
+    assert choices.count(0) >= 25 and p.last_reason.startswith(("plain", "probe"))
+    assert any(c > 0 for c in choices)          # probes keep the estimate fresh
+
+
+def test_intermediate_acceptance_picks_a_middle_length():
+    p = DraftLengthPolicy(7, cost=CostCurve({1: 1.0, 2: 1.3, 4: 2.0, 8: 4.0}, t_draft=0.2))
+    _feed(p, 2)                                 # slots 1-2 accepted, slot 3 always rejected
+    assert 1 <= p.choose() <= 3
+
+
+def test_fixed_policy_ignores_costs():
+    p = DraftLengthPolicy(5, adaptive=False, cost=CostCurve({1: 1.0, 8: 100.0}, t_draft=10.0))
+    _feed(p, 0)
+    assert p.choose() == 5
+
+
+def test_cost_cache_round_trip(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x" * 10)
+    cache = CostCache(tmp_path / "c.json")
+    key = CostCache.key(model, "cpu", 2, 0, model)
+    assert cache.get(key) is None
+    cache.put(key, CostCurve({1: 0.01, 4: 0.02}, 0.005))
+    got = cache.get(key)
+    assert got.t == {1: 0.01, 4: 0.02} and got.t_draft == 0.005
+    assert cache.get(CostCache.key(model, "cpu", 4, 0, model)) is None   # other thread count: measured anew

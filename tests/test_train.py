@@ -1,0 +1,105 @@
+"""Training: a few steps on a tiny random target lower the loss and export a drafter that decodes
+losslessly; the shipped training prompts never contain an evaluation prompt."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dflash_gguf.train.prompts import load
+
+PROMPTS = Path(__file__).resolve().parent.parent / "dflash_gguf" / "train" / "data" / "prompts.jsonl"
+EVAL = Path("/work/shared/prompts")
+
+
+def test_no_evaluation_prompt_in_training_prompts():
+    train = {r["prompt"].strip() for r in load(PROMPTS)}
+    assert len(train) > 1000
+    cats = {r["category"] for r in load(PROMPTS)}
+    assert cats == {"code", "math", "chat"}
+    if not EVAL.is_dir():
+        pytest.skip("evaluation prompts are not in this workplace")
+    for f in EVAL.glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            p = json.loads(line)["prompt"].strip()
+            assert p not in train
+            # no shared function signature either (HumanEval prompts start with a def line)
+            first = next((x for x in p.splitlines() if x.startswith("def ")), None)
+            if first:
+                assert not any(first in t for t in train), first
+
+
+@pytest.mark.slow
+def test_few_steps_lower_loss_and_export_decodes_losslessly(tmp_path):
+    torch = pytest.importorskip("torch")  # noqa: F841
+    from dflash_gguf.engine.drafter import DFlashDrafter
+    from dflash_gguf.engine.loop import SpecDecoder
+    from dflash_gguf.engine.policy import DraftLengthPolicy
+    from dflash_gguf.engine.target import Target
+    from dflash_gguf.native.wrappers import ContextSettings, Model
+    from dflash_gguf.train.harvest import HarvestSettings
+    from dflash_gguf.train.pipeline import train_drafter
+    from dflash_gguf.train.trainer import TrainSettings
+    from engine_helpers import write_tiny_llama
+
+    target = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=4, n_embd=64, text=True, seed=3)
+    prompts = [{"category": "chat", "prompt": f"t{i % 29 + 3} t{(i * 7) % 29 + 3} t{(i * 3) % 29 + 3}"}
+               for i in range(40)]
+    settings = TrainSettings(n_layers=1, block_size=4, anchors_per_seq=16, seqs_per_step=2, epochs=3.0,
+                             eval_every=10, lr=3e-3, warmup=0.1)
+    out = tmp_path / "draft.gguf"
+    record = train_drafter(target, out, prompts, tmp_path / "work", taps=[1, 3],
+                           harvest_settings=HarvestSettings(taps=[1, 3], n_parallel=4, ctx_per_seq=128,
+                                                            max_new={"chat": 48}, n_threads=2),
+                           train_settings=settings, max_tokens=None, outtype="f32", progress=False)
+    history = json.loads((tmp_path / "work" / "checkpoint" / "history.json").read_text())
+    first = np.mean([h["loss"] for h in history[:5]])
+    last = np.mean([h["loss"] for h in history[-5:]])
+    assert last < first * 0.8, (first, last)
+
+    tm, dm = Model(target), Model(out)
+    assert dm.meta("dflash_gguf.train.steps") == str(record["steps"]) and dm.target_layer_ids() == [1, 3]
+    cs = ContextSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2)
+    tgt = Target(tm, cs, taps=[1, 3], max_verify=4)
+    spec = SpecDecoder(tgt, DFlashDrafter(dm, tgt.ctx, cs, tm), DraftLengthPolicy(3, adaptive=False))
+    spec.debug_check_positions = True
+    plain = SpecDecoder(tgt, None, DraftLengthPolicy(1, adaptive=False))
+    prompt = tm.tokenize("t5 t9 t11", add_special=True)
+    ref = plain.generate(prompt, 40, stop_tokens=lambda t: False)
+    res = spec.generate(prompt, 40, stop_tokens=lambda t: False)
+    assert res.tokens == ref.tokens
+    assert record["val_tau_estimate"] >= 1.0
+
+
+def test_taps_auto_is_the_official_formula_shifted_to_tap_ids_and_bad_specs_are_user_errors():
+    from dflash_gguf.errors import UserError
+    from dflash_gguf.train.pipeline import parse_taps
+    assert parse_taps("auto", 30) == [2, 11, 19, 28]          # z-lab target_layer_ids [1, 10, 18, 27] + 1
+    assert parse_taps("1,3", 4) == [1, 3]
+    for bad in ("x,2", "5", ""):
+        with pytest.raises(UserError, match="--taps"):
+            parse_taps(bad, 4)
+
+
+def test_train_command_names_a_resume_folder_without_data(tmp_path):
+    from typer.testing import CliRunner
+
+    from dflash_gguf.cli import app
+    target = tmp_path / "t.gguf"
+    target.write_bytes(b"GGUF")
+    res = CliRunner().invoke(app, ["train", "-m", str(target), "-o", str(tmp_path / "d.gguf"),
+                                   "--resume", str(tmp_path / "nothing")])
+    assert res.exit_code != 0
+    assert "--resume" in (res.output + str(res.exception))
+
+
+def test_train_command_rejects_a_file_that_is_not_a_gguf(tmp_path):
+    from typer.testing import CliRunner
+
+    from dflash_gguf.cli import app
+    target = tmp_path / "t.gguf"
+    target.write_bytes(b"not a model")
+    res = CliRunner().invoke(app, ["train", "-m", str(target), "-o", str(tmp_path / "d.gguf")])
+    assert res.exit_code != 0
+    assert "not a readable GGUF" in (res.output + str(res.exception))

@@ -1,0 +1,79 @@
+"""Verification and the sampling transform, on synthetic logits (no native code)."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dflash_gguf.engine.sampling import SamplingParams, probs_from_logits, sample
+from dflash_gguf.engine.verify import verify_greedy, verify_stochastic
+
+
+def test_greedy_accepts_longest_agreeing_prefix():
+    #                draft d1..d4         target argmax at rows [last, d1, d2, d3, d4]
+    v = verify_greedy([5, 7, 9, 11], np.array([5, 7, 8, 0, 0]))
+    assert (v.n_accepted, v.next_token) == (2, 8)
+    assert v.emitted([5, 7, 9, 11]) == [5, 7, 8]
+    v = verify_greedy([5, 7], np.array([5, 7, 3]))          # all accepted: bonus from the last row
+    assert (v.n_accepted, v.next_token) == (2, 3)
+    v = verify_greedy([4], np.array([5, 6]))                 # first rejected: the target's own choice
+    assert (v.n_accepted, v.next_token) == (0, 5)
+    assert verify_greedy([], np.array([9])).emitted([]) == [9]
+
+
+def test_transform_top_k_top_p_min_p():
+    logits = np.log(np.array([[0.5, 0.25, 0.15, 0.1]]))
+    p = probs_from_logits(logits, SamplingParams(temperature=1.0, top_k=2))
+    np.testing.assert_allclose(p, [[2 / 3, 1 / 3, 0, 0]])
+    p = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=0.7))   # 0.5 + 0.25 crosses 0.7
+    np.testing.assert_allclose(p, [[2 / 3, 1 / 3, 0, 0]])
+    p = probs_from_logits(logits, SamplingParams(temperature=1.0, min_p=0.3))   # keep p >= 0.15
+    np.testing.assert_allclose(p, [[0.5, 0.25, 0.15, 0]] / np.float64(0.9))
+    p = probs_from_logits(logits, SamplingParams(temperature=0.0))
+    np.testing.assert_array_equal(p, [[1, 0, 0, 0]])
+    hot = probs_from_logits(logits, SamplingParams(temperature=2.0))
+    assert hot[0, 3] > 0.1 and abs(hot.sum() - 1) < 1e-12
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=1.0, top_p=0.0).validate()
+
+
+def _first_token_distribution(p, q, n, seed):
+    """Empirical distribution of the first emitted token over n verifications of one draft slot."""
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(p.shape[1])
+    for _ in range(n):
+        d = sample(q[0], rng)
+        v = verify_stochastic([d], q, p, rng)
+        counts[v.emitted([d])[0]] += 1
+    return counts
+
+
+@pytest.mark.parametrize("q_kind", ["far", "close", "one_hot"])
+def test_rejection_sampling_preserves_the_target_distribution(q_kind):
+    rng = np.random.default_rng(1)
+    V = 12
+    p = rng.dirichlet(np.ones(V), size=2)                     # rows [last, d1]
+    if q_kind == "far":
+        q = rng.dirichlet(np.ones(V) * 0.3, size=1)
+    elif q_kind == "close":
+        q = 0.9 * p[:1] + 0.1 * rng.dirichlet(np.ones(V), size=1)
+    else:                                                     # greedy draft: sample-and-match
+        q = np.zeros((1, V))
+        q[0, rng.integers(V)] = 1.0
+    n = 6000
+    counts = _first_token_distribution(p, q, n, seed=2)
+    res = stats.chisquare(counts, p[0] * n)
+    assert res.pvalue > 0.01, (q_kind, res)
+    # and a wrong target is detected: the test has power
+    wrong = 0.7 * p[0] + 0.3 * np.roll(p[0], 1)
+    assert stats.chisquare(counts, wrong * n).pvalue < 0.01
+
+
+def test_all_accepted_draws_bonus_from_last_row():
+    V = 5
+    p = np.zeros((3, V))
+    p[0, 1] = p[1, 2] = 1.0
+    p[2] = [0.2, 0.2, 0.2, 0.2, 0.2]
+    q = np.zeros((2, V))
+    q[0, 1] = q[1, 2] = 1.0
+    v = verify_stochastic([1, 2], q, p, np.random.default_rng(0))
+    assert v.n_accepted == 2 and 0 <= v.next_token < V

