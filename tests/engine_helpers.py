@@ -249,3 +249,18 @@ def tiny_hybrid_qwen35() -> Path:
     transformers.Qwen3_5ForCausalLM(cfg).save_pretrained(hf)
     AutoTokenizer.from_pretrained(smollm2_tokenizer_dir()).save_pretrained(hf)
     return convert_hf(hf, gguf_path, "f32", ("--no-mtp",))
+
+
+def assert_same_distribution(counts: np.ndarray, expected: np.ndarray) -> None:
+    """Chi-square: sampled `counts` follow the exact distribution `expected` (p > 0.01), and the check has
+    power: a distribution half-way to a shifted one is rejected (p < 0.01). Rare outcomes are pooled."""
+    from scipy import stats
+    n = counts.sum()
+    keep = expected * n >= 5
+    obs = np.append(counts[keep], counts[~keep].sum())
+    exp = np.append(expected[keep], expected[~keep].sum()) * n
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    res = stats.chisquare(obs, exp)
+    assert res.pvalue > 0.01, res
+    assert stats.chisquare(obs, np.roll(exp, 1) * 0.5 + exp * 0.5).pvalue < 0.01   # the test has power

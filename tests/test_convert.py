@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from convert_helpers import config, target, upstream  # noqa: F401  (fixtures)
 from convert_helpers import random_drafter, state_numpy, write_flavoured_gguf, write_zlab_folder
 from dflash_gguf.convert.flavours import FLAVOURS, UNSUPPORTED
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
@@ -16,26 +17,8 @@ from dflash_gguf.convert.sources import read_source
 from dflash_gguf.convert.target_info import read_target
 from dflash_gguf.convert.writer import write_dflash_gguf
 from dflash_gguf.drafter.config import DrafterConfig, official_target_layer_ids
-from engine_helpers import write_tiny_llama
 
 pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return write_tiny_llama(tmp_path_factory.mktemp("t") / "target.gguf", n_vocab=64, n_embd=64, n_layer=3)
-
-
-@pytest.fixture(scope="module")
-def config():
-    return DrafterConfig(hidden_size=64, intermediate_size=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
-                         target_layers=[1, 3], block_size=8, mask_token_id=5, vocab_size=64)
-
-
-@pytest.fixture(scope="module")
-def upstream(tmp_path_factory, target, config):
-    out = tmp_path_factory.mktemp("u") / "upstream.gguf"
-    return write_dflash_gguf(state_numpy(random_drafter(config)), config, target, out, outtype="f32")
 
 
 def _tensors(path: Path, target: Path) -> dict:
@@ -123,7 +106,8 @@ def test_fork_drafter_with_embedded_head_and_no_layer_ids(tmp_path, target, upst
 @pytest.mark.parametrize("marker,what", UNSUPPORTED, ids=[m for m, _ in UNSUPPORTED])
 def test_other_drafter_designs_are_refused(tmp_path, target, upstream, marker, what):
     from dflash_gguf.errors import UserError
-    up = next(f for f in FLAVOURS if f.name == "upstream")
+    # upstream's own schema loads a d2t vocabulary (tests/test_draft_vocab.py); the forks' d2t designs differ
+    up = next(f for f in FLAVOURS if f.name == ("dflash-draft" if marker == "d2t" else "upstream"))
     bad = write_flavoured_gguf(upstream, tmp_path / "x.gguf", up, extra_keys={marker: 1})
     with pytest.raises(UserError, match="only DFlash v1 drafters"):
         read_source(str(bad), read_target(target))

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from convert_helpers import config, target, upstream  # noqa: F401  (fixtures)
 from convert_helpers import random_drafter, state_numpy, write_zlab_folder
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
 from dflash_gguf.convert.sources import read_source
@@ -18,23 +19,6 @@ from dflash_gguf.errors import UserError
 from engine_helpers import write_tiny_llama
 
 pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return write_tiny_llama(tmp_path_factory.mktemp("t") / "target.gguf", n_vocab=64, n_embd=64, n_layer=3)
-
-
-@pytest.fixture(scope="module")
-def config():
-    return DrafterConfig(hidden_size=64, intermediate_size=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
-                         target_layers=[1, 3], block_size=8, mask_token_id=5, vocab_size=64)
-
-
-@pytest.fixture(scope="module")
-def upstream(tmp_path_factory, target, config):
-    out = tmp_path_factory.mktemp("u") / "upstream.gguf"
-    return write_dflash_gguf(state_numpy(random_drafter(config)), config, target, out, outtype="f32")
 
 
 def _nothing_written(folder) -> bool:

@@ -13,7 +13,7 @@ PROMPTS = [  # fixed, not from the training set
     ("math", "A farmer has 12 cows and buys 7 more, then sells 5. How many cows does the farmer have?"),
     ("code", "def is_palindrome(s):\n    \"\"\"Return True if s reads the same forwards and backwards.\"\"\"\n"),
 ]
-TAU_FLOOR = 1.2     # measured: random drafters 1.00, the shipped one 1.32 (the issue asks 1.5: not reached yet)
+TAU_FLOOR = 1.2     # measured: random drafters 1.00, the shipped one 1.32 here (the issue asks 1.5: not reached yet)
 
 
 def test_manifest_hash_and_metadata():
@@ -24,6 +24,8 @@ def test_manifest_hash_and_metadata():
     assert path.stat().st_size <= 20 * 2**20
     assert sha256_file(path) == entry["sha256"]
     assert shipped_drafter_for(smollm2()) == path
+    from dflash_gguf.convert.inspect_drafter import inspect_drafter
+    assert inspect_drafter(path)["draft_vocab"] == entry["draft_vocab"] == 4096
     from dflash_gguf.native.wrappers import Model
     m = Model(path)
     try:

@@ -52,7 +52,9 @@ def test_few_steps_lower_loss_and_export_decodes_losslessly(tmp_path):
     record = train_drafter(target, out, prompts, tmp_path / "work", taps=[1, 3],
                            harvest_settings=HarvestSettings(taps=[1, 3], n_parallel=4, ctx_per_seq=128,
                                                             max_new={"chat": 48}, n_threads=2),
-                           train_settings=settings, max_tokens=None, outtype="f32", progress=False)
+                           train_settings=settings, max_tokens=None, outtype="f32", progress=False, draft_vocab=40)
+    from dflash_gguf.convert.inspect_drafter import inspect_drafter
+    assert inspect_drafter(out)["draft_vocab"] == 40 and 0.5 < record["draft_vocab"]["coverage_of_training_tokens"] <= 1
     history = json.loads((tmp_path / "work" / "checkpoint" / "history.json").read_text())
     first = np.mean([h["loss"] for h in history[:5]])
     last = np.mean([h["loss"] for h in history[-5:]])

@@ -19,6 +19,14 @@ def register(app: typer.Typer) -> None:
         outtype: str = typer.Option("f16", "--outtype", help="f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k"),
         block_size: Optional[int] = typer.Option(None, "--block-size", help="override the block size"),
         force: bool = typer.Option(False, "--force", help="overwrite the output"),
+        draft_vocab: Optional[int] = typer.Option(
+            None, "--draft-vocab", help="propose only the K tokens the target writes most (own head rows + d2t); "
+                                        "cuts the drafter's LM-head cost, stays lossless"),
+        vocab_prompts: list[Path] = typer.Option(
+            [], "--vocab-prompts", help="JSONL prompts the target answers to count tokens (default: ours)"),
+        vocab_samples: int = typer.Option(200, "--vocab-samples", help="prompts the target answers (128 tokens each)"),
+        vocab_seconds: Optional[float] = typer.Option(None, "--vocab-seconds", help="stop counting after this long"),
+        threads: int = typer.Option(0, "-t", "--threads"),
     ):
         """Normalise a DFlash drafter into one validated upstream `dflash` GGUF for TARGET."""
         from .checks import fit_warnings
@@ -34,9 +42,14 @@ def register(app: typer.Typer) -> None:
         for warning in fit_warnings(source.config, tinfo, source.trained_for, source.num_target_layers):
             print(f"warning: {warning}: it may have been trained for another target (low acceptance)",
                   file=sys.stderr)
+        vocab = source.draft_vocab
+        if draft_vocab is not None:
+            from .token_counts import counted_draft_vocab
+            vocab = counted_draft_vocab(target, draft_vocab, vocab_prompts, vocab_samples, vocab_seconds, threads)
         write_dflash_gguf(source.tensors, source.config, target, out, outtype=outtype, force=force,
                           name=f"{tinfo.name} DFlash drafter", source=source.description,
-                          extra_metadata={"dflash_gguf.converted_from": source.description})
+                          extra_metadata={**source.train_metadata, "dflash_gguf.converted_from": source.description},
+                          draft_vocab=vocab)
         typer.echo(out)
 
     @app.command()

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..drafter.config import DrafterConfig, official_target_layer_ids
 from ..errors import UserError
+from .draft_vocab import DraftVocab, check_d2t
 from .hparams import read_hparams
 from .names import hf_tensor_name
 from .normalized import DrafterSource, target_from_drafter_name
@@ -77,6 +78,8 @@ def detect_flavour(path: Path) -> Flavour:
     arch = f.contents() if f is not None else None
     tensor_names = {t.name for t in r.tensors}
     for marker, what in UNSUPPORTED:
+        if marker == "d2t" and arch == "dflash":     # upstream's own schema: a reduced vocabulary it loads
+            continue
         if marker in r.fields or marker in tensor_names:
             raise UserError(f"{path}: {what}; only DFlash v1 drafters (fc + hidden_norm + dense layers) "
                             "are supported")
@@ -139,7 +142,11 @@ def normalize_gguf(path: Path, flavour: Flavour, target: TargetInfo | None,
     n_params, seen = 0, {}
     from tqdm import tqdm  # noqa: PLC0415  (a gguf dependency)
     big = load_tensors and sum(int(t.n_elements) for t in r.tensors) > 50_000_000
+    by_name = {t.name: t for t in r.tensors}
+    draft_vocab = _draft_vocab(by_name, target, path) if "d2t" in by_name and load_tensors else None
     for t in tqdm(r.tensors, desc=f"reading {path.name}", unit="tensor", disable=not big):
+        if t.name == "d2t" or (t.name == "output.weight" and "d2t" in by_name):
+            continue
         if t.name in _BORROWED:
             notes.append(f"dropped {t.name}: the drafter borrows the target's")
             continue
@@ -175,5 +182,20 @@ def normalize_gguf(path: Path, flavour: Flavour, target: TargetInfo | None,
     trained_for = ours.contents() if ours is not None else (
         target_from_drafter_name(name.contents()) if name is not None else None)
     n_target = r.fields.get("dflash_gguf.target.n_layer")
+    if "d2t" in by_name:
+        notes.append(f"reduced draft vocabulary: {int(by_name['d2t'].n_elements)} tokens (own LM head rows + d2t)")
     return DrafterSource(config, tensors, f"{flavour.name} GGUF {path}", notes, trained_for,
-                         int(n_target.contents()) if n_target is not None else None, n_params=n_params)
+                         int(n_target.contents()) if n_target is not None else None, n_params=n_params,
+                         draft_vocab=draft_vocab,
+                         train_metadata={k: f.contents() for k, f in r.fields.items() if k.startswith("dflash_gguf.train.")})
+
+
+def _draft_vocab(by_name: dict, target: TargetInfo | None, path: Path) -> DraftVocab:
+    """The reduced vocabulary of an upstream-schema drafter: its d2t ids and its own head rows, as stored."""
+    head = by_name.get("output.weight")
+    if head is None:
+        raise UserError(f"{path}: has a d2t tensor but no output.weight (its own LM head); the file is incomplete")
+    d2t = np.asarray(by_name["d2t"].data).astype(np.int64).reshape(-1)
+    check_d2t(d2t, int(head.shape[1]), target.n_vocab if target else int(d2t.max(initial=0)) + 1, str(path))
+    order = np.argsort(d2t)
+    return DraftVocab(d2t[order], np.ascontiguousarray(np.asarray(head.data)[order]), head.tensor_type)

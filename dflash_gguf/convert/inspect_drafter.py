@@ -23,6 +23,7 @@ def inspect_drafter(path: Path, target: Path | None = None) -> dict:
         "target_layers": c.target_layers, "block_size": c.block_size, "mask_token_id": c.mask_token_id,
         "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling, "sliding_window": c.sliding_window,
         "layer_types": c.layer_types, "embedding_scale": c.embedding_scale,
+        "draft_vocab": _draft_vocab_size(path) or "full (the target's LM head)",
         "trained_for": src.trained_for, "notes": src.notes,
         "training": {k.removeprefix("dflash_gguf.train."): f.contents() for k, f in fields.items()
                      if k.startswith("dflash_gguf.train.")},
@@ -34,3 +35,8 @@ def inspect_drafter(path: Path, target: Path | None = None) -> dict:
             report["fit_problem"] = "; ".join(problems)
         report["warnings"] = fit_warnings(c, tinfo, src.trained_for, src.num_target_layers)
     return report
+
+
+def _draft_vocab_size(path: Path) -> int | None:
+    d2t = next((t for t in read_gguf(path, "drafter GGUF").tensors if t.name == "d2t"), None)
+    return int(d2t.n_elements) if d2t is not None else None

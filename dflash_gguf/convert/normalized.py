@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..drafter.config import DrafterConfig
+from .draft_vocab import DraftVocab
 
 
 @dataclass
@@ -19,6 +20,8 @@ class DrafterSource:
     trained_for: str | None = None                   # the target the source names, if it names one
     num_target_layers: int | None = None             # the target depth the source was built for, if known
     n_params: int = 0                                # parameters (known even when tensors were not loaded)
+    draft_vocab: DraftVocab | None = None            # a reduced draft vocabulary the source already has
+    train_metadata: dict = field(default_factory=dict)   # dflash_gguf.train.* of a drafter we trained
 
 
 def target_from_drafter_name(name: str) -> str | None:

@@ -11,9 +11,11 @@ from ..drafter.config import DrafterConfig
 from ..errors import UserError
 
 
-def load_check(drafter_path: Path, target_path: Path, config: DrafterConfig) -> None:
+def load_check(drafter_path: Path, target_path: Path, config: DrafterConfig,
+               vocab_ids: np.ndarray | None = None) -> None:
     """Raise UserError unless llama.cpp loads `drafter_path`, reads back its taps / block size / mask token,
-    and drafts one block with finite logits after injecting a few context rows (ctx_other = a target context)."""
+    and drafts one block with finite logits after injecting a few context rows (ctx_other = a target context).
+    With a reduced draft vocabulary (`vocab_ids`) exactly those logits are finite, the others -inf."""
     from ..native.wrappers import (  # noqa: PLC0415
         Batch, Context, ContextSettings, DecodeError, Model, ModelLoadError)
     with ExitStack() as stack:
@@ -41,6 +43,11 @@ def load_check(drafter_path: Path, target_path: Path, config: DrafterConfig) -> 
             dctx.decode(block, "load-check draft")
         except DecodeError as e:
             raise UserError(f"{drafter_path.name}: llama.cpp cannot run the written drafter: {e}") from e
-        if not np.isfinite(dctx.logits_all(config.block_size)).all():
+        logits = np.asarray(dctx.logits_all(config.block_size))
+        inside = np.ones(logits.shape[1], bool) if vocab_ids is None else np.isin(np.arange(logits.shape[1]), vocab_ids)
+        if not np.isfinite(logits[:, inside]).all():
             raise UserError(f"{drafter_path.name}: draft logits are not finite; the weights are damaged")
+        if not np.all(logits[:, ~inside] == -np.inf):
+            raise UserError(f"{drafter_path.name}: tokens outside its draft vocabulary got finite logits; "
+                            "the d2t mapping is damaged")
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..drafter.config import DrafterConfig
 from .checks import ConvertError, check_fits, check_shapes
+from .draft_vocab import DraftVocab
 from .hparams import write_hparams
 from .names import gguf_tensor_name
 from .target_info import TargetInfo, read_target
@@ -41,7 +42,7 @@ def _encode(arr: np.ndarray, outtype: str) -> tuple[np.ndarray, object]:
 
 
 def _write(tensors: dict[str, np.ndarray], config: DrafterConfig, target: TargetInfo, path: Path, outtype: str,
-           extra_metadata: dict | None, name: str) -> None:
+           extra_metadata: dict | None, name: str, draft_vocab: DraftVocab | None) -> None:
     import gguf  # noqa: PLC0415
     c = config
     w = gguf.GGUFWriter(str(path), ARCH)
@@ -79,6 +80,12 @@ def _write(tensors: dict[str, np.ndarray], config: DrafterConfig, target: Target
     for hf_name, arr in tensors.items():
         data, qtype = _encode(np.asarray(arr), outtype)
         w.add_tensor(gguf_tensor_name(hf_name), data, raw_dtype=qtype)
+    if draft_vocab is not None:         # the drafter's own head: the target's rows, as stored there
+        rows = draft_vocab.head_rows
+        if rows.dtype not in (np.float32, np.float16):
+            rows = rows.view(np.uint8).reshape(draft_vocab.size, -1)
+        w.add_tensor("output.weight", rows, raw_dtype=draft_vocab.head_type)
+        w.add_tensor("d2t", draft_vocab.token_ids.astype(np.int64))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file(progress=sum(np.asarray(a).size for a in tensors.values()) > 50_000_000)
@@ -87,8 +94,10 @@ def _write(tensors: dict[str, np.ndarray], config: DrafterConfig, target: Target
 
 def write_dflash_gguf(tensors: dict[str, np.ndarray], config: DrafterConfig, target_gguf: Path, out_path: Path,
                       outtype: str = "f16", extra_metadata: dict | None = None, force: bool = False,
-                      name: str = "dflash-drafter", source: str = "drafter", validate: bool = True) -> Path:
-    """tensors: z-lab names → float32 [out, in]; the output fits `target_gguf` (checked) and loads in llama.cpp."""
+                      name: str = "dflash-drafter", source: str = "drafter", validate: bool = True,
+                      draft_vocab: DraftVocab | None = None) -> Path:
+    """tensors: z-lab names → float32 [out, in]; the output fits `target_gguf` (checked) and loads in llama.cpp.
+    With `draft_vocab` the drafter proposes only those tokens, through its own copy of their head rows."""
     out_path = Path(out_path)
     if outtype not in OUTTYPES:
         raise ConvertError(f"--outtype {outtype}: choose one of {', '.join(OUTTYPES)}")
@@ -97,16 +106,19 @@ def write_dflash_gguf(tensors: dict[str, np.ndarray], config: DrafterConfig, tar
     target = read_target(Path(target_gguf))
     check_fits(config, target, source)
     check_shapes(tensors, config, source)
+    if draft_vocab is not None and draft_vocab.token_ids.max(initial=-1) >= target.n_vocab:
+        raise ConvertError(f"{source}: its draft vocabulary has token ids beyond the target's {target.n_vocab}")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.part")
     try:
-        _write(tensors, config, target, tmp, "f32" if outtype in K_QUANTS else outtype, extra_metadata, name)
+        _write(tensors, config, target, tmp, "f32" if outtype in K_QUANTS else outtype, extra_metadata, name,
+               draft_vocab)
         if outtype in K_QUANTS:
             from .quantize import llama_quantize  # noqa: PLC0415
             llama_quantize(tmp, tmp, K_QUANTS[outtype])
         if validate:
             from .validate import load_check  # noqa: PLC0415
-            load_check(tmp, Path(target_gguf), config)
+            load_check(tmp, Path(target_gguf), config, None if draft_vocab is None else draft_vocab.token_ids)
         os.replace(tmp, out_path)
     finally:
         tmp.unlink(missing_ok=True)

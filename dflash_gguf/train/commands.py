@@ -34,6 +34,9 @@ def register(app: typer.Typer) -> None:
         work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="data + checkpoints (default: beside -o)"),
         resume: Optional[Path] = typer.Option(None, "--resume", help="continue harvesting/training in this work dir"),
         seed: int = typer.Option(0, "--seed"),
+        draft_vocab: Optional[int] = typer.Option(
+            None, "--draft-vocab", help="propose only the K tokens most frequent in the training data "
+                                        "(own head rows + d2t: a cheaper draft step, still lossless)"),
         threads: int = typer.Option(0, "-t", "--threads"),
         force: bool = typer.Option(False, "--force"),
     ):
@@ -70,6 +73,7 @@ def register(app: typer.Typer) -> None:
         record = train_drafter(model, out, rows, work, taps=tap_ids,
                                harvest_settings=HarvestSettings(taps=tap_ids, seed=seed, n_threads=threads),
                                train_settings=settings, max_tokens=tokens, outtype=outtype, resume=resume is not None,
-                               force=force, data_note=", ".join(str(p) for p in (prompts or [DEFAULT_PROMPTS])))
+                               force=force, data_note=", ".join(str(p) for p in (prompts or [DEFAULT_PROMPTS])),
+                               draft_vocab=draft_vocab)
         typer.echo(f"{out}: validation τ estimate {record['val_tau_estimate']:.2f} "
                    f"(slot acceptance {', '.join(f'{x:.2f}' for x in record['val_slot_accept'])})")

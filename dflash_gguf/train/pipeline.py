@@ -8,6 +8,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
+
 from ..drafter.config import DrafterConfig, official_target_layer_ids
 from ..errors import UserError
 from ..native.build import sha256_file as file_sha256
@@ -56,7 +58,7 @@ def pick_mask_token(target: Path) -> int:
 def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, *, taps: list[int],
                   harvest_settings: HarvestSettings, train_settings: TrainSettings, max_tokens: int | None,
                   outtype: str = "q8_0", resume: bool = False, force: bool = False, data_note: str = "",
-                  progress: bool = True) -> dict:
+                  progress: bool = True, draft_vocab: int | None = None) -> dict:
     from ..convert.writer import write_dflash_gguf  # noqa: PLC0415
     from .dataset import FeatureDataset  # noqa: PLC0415
     from .target_weights import attention_geometry, embedding_and_head, layer_init  # noqa: PLC0415
@@ -87,9 +89,16 @@ def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, 
               "response_tokens": data.n_tokens(train_ids), "steps": trainer.step,
               "val_loss": result.loss, "val_tau_estimate": result.tau,
               "val_slot_accept": result.slot_accept, "data": data_note}
+    vocab = None
+    if draft_vocab:                 # the tokens the target wrote and read most in the training data
+        from ..convert import draft_vocab as dv  # noqa: PLC0415
+        from ..convert.token_counts import eog_tokens  # noqa: PLC0415
+        counts = np.bincount(np.asarray(data.tokens), minlength=embed.shape[0])
+        vocab = dv.build(target, counts, draft_vocab, eog_tokens(target))
+        record["draft_vocab"] = {"size": vocab.size, "coverage_of_training_tokens": dv.coverage(vocab.token_ids, counts)}
     meta = {f"dflash_gguf.train.{k}": (json.dumps(v) if isinstance(v, (dict, list)) else v)
             for k, v in record.items() if v is not None}
     write_dflash_gguf(trainer.state_numpy(), config, target, out, outtype=outtype, extra_metadata=meta, force=force,
-                      name=f"{geometry['arch']}-dflash-drafter", source="trained drafter")
+                      name=f"{geometry['arch']}-dflash-drafter", source="trained drafter", draft_vocab=vocab)
     (work_dir / "train-record.json").write_text(json.dumps(record, indent=2))
     return record
