@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from dflash_gguf.engine.policy import CostCache, CostCurve, DraftLengthPolicy, SlotAcceptance
+from dflash_gguf.engine.policy import CostCache, CostCurve, DraftLengthPolicy, SlotAcceptance, measure_cost_curve
 
 
 def _feed(policy: DraftLengthPolicy, accepted_len: int, steps: int = 200) -> None:
@@ -56,3 +56,11 @@ def test_cost_cache_round_trip(tmp_path):
     got = cache.get(key)
     assert got.t == {1: 0.01, 4: 0.02} and got.t_draft == 0.005
     assert cache.get(CostCache.key(model, "cpu", 4, 0, model)) is None   # other thread count: measured anew
+
+
+def test_cost_curve_is_monotone_and_measured_in_rounds():
+    curve = CostCurve({1: 1.0, 2: 0.9, 4: 2.0}, t_draft=0.1)     # a noisy t(2) below t(1)
+    assert curve.verify(2) == 1.0 and curve.verify(3) == 1.5 and curve.verify(4) == 2.0
+    order = []
+    measured = measure_cost_curve(lambda b: order.append(b) or float(b), lambda: 0.5, sizes=(1, 2, 4), repeats=3)
+    assert order == [1, 2, 4] * 3 and measured.t == {1: 1.0, 2: 2.0, 4: 4.0} and measured.t_draft == 0.5
