@@ -64,3 +64,19 @@ def test_cost_curve_is_monotone_and_measured_in_rounds():
     order = []
     measured = measure_cost_curve(lambda b: order.append(b) or float(b), lambda: 0.5, sizes=(1, 2, 4), repeats=3)
     assert order == [1, 2, 4] * 3 and measured.t == {1: 1.0, 2: 2.0, 4: 4.0} and measured.t_draft == 0.5
+
+
+def test_probes_are_short_and_back_off_while_plain_wins():
+    steep = CostCurve({1: 1.0, 2: 3.0, 8: 20.0}, t_draft=0.5)
+    policy = DraftLengthPolicy(7, cost=steep, probe_every=4)
+    for _ in range(3):
+        policy.observe(7, 0)                         # nothing accepted: plain decoding wins
+    picks = []
+    for _ in range(60):
+        n = policy.choose()
+        picks.append(n)
+        if n:
+            policy.observe(n, 0)
+    probes = [i for i, n in enumerate(picks) if n]
+    assert all(picks[i] == 1 for i in probes)        # a probe drafts one token, not the "best" long draft
+    assert [b - a for a, b in zip(probes, probes[1:])] == [8, 16, 32] and probes[0] == 3

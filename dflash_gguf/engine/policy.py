@@ -137,11 +137,13 @@ class DraftLengthPolicy:
         self.slots = SlotAcceptance(draft_max)
         self.probe_every, self.margin = probe_every, margin
         self._plain_streak = 0
+        self._probe_gap = probe_every
         self.last_reason = "fixed" if not self.adaptive else "init"
 
     def reset(self) -> None:
         self.slots = SlotAcceptance(self.draft_max)
         self._plain_streak = 0
+        self._probe_gap = self.probe_every
 
     def expected_rates(self) -> dict[int, float]:
         """Expected tokens per second for each n (0 = plain decoding)."""
@@ -158,12 +160,17 @@ class DraftLengthPolicy:
         best = max((n for n in rates if n > 0), key=rates.get)
         if rates[best] >= rates[0] * (1 + self.margin):
             self._plain_streak = 0
+            self._probe_gap = self.probe_every
             self.last_reason = "speculate"
             return best
         self._plain_streak += 1
-        if self._plain_streak % self.probe_every == 0:     # keep α fresh while running plain
+        if self._plain_streak >= self._probe_gap:
+            # keep α fresh while running plain, at the least cost: the shortest draft (slot 1 gates every
+            # longer one), and ever rarer while probes keep confirming plain decoding (16, 32, … 256 steps)
+            self._plain_streak = 0
+            self._probe_gap = min(2 * self._probe_gap, 16 * self.probe_every)
             self.last_reason = "probe"
-            return best
+            return self.draft_min
         self.last_reason = "plain: speculation would lose"
         return 0
 
