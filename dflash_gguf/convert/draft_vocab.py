@@ -47,9 +47,8 @@ def choose_tokens(counts: np.ndarray, k: int, keep: list[int] = ()) -> np.ndarra
 
 def target_head_rows(target: Path, token_ids: np.ndarray) -> tuple[np.ndarray, object]:
     """Rows `token_ids` of the target's LM head (its token embedding when tied), in the target's own type."""
-    import gguf  # noqa: PLC0415
-    r = gguf.GGUFReader(str(target))
-    by_name = {t.name: t for t in r.tensors}
+    from .target_info import read_gguf  # noqa: PLC0415
+    by_name = {t.name: t for t in read_gguf(target, "target GGUF").tensors}
     t = by_name.get("output.weight") or by_name.get("token_embd.weight")
     if t is None:
         raise UserError(f"{target}: no output.weight or token_embd.weight tensor; cannot build a draft vocabulary")
