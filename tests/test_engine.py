@@ -63,12 +63,14 @@ def test_greedy_speculative_equals_plain_with_oracle(tiny_target, draft_max, cor
         assert plain_steps > 0
 
 
-def test_greedy_with_dflash_drafter_matches_plain(tiny_target, tmp_path):
+@pytest.mark.parametrize("short_blocks,draft_max", [(False, 7), (True, 7), (True, 2)])
+def test_greedy_with_dflash_drafter_matches_plain(tiny_target, tmp_path, short_blocks, draft_max):
     draft_path = write_random_drafter(tiny_target.model.path, tmp_path / "draft.gguf", taps=[1, 2], block_size=8,
                                       n_head=4, n_head_kv=2, head_dim=16, n_ff=64, seed=3)
     dm = Model(draft_path)
     drafter = DFlashDrafter(dm, tiny_target.ctx, SETTINGS, tiny_target.model)
-    spec = SpecDecoder(tiny_target, drafter, DraftLengthPolicy(7, adaptive=False))
+    drafter.short_blocks = short_blocks            # n+1 rows per draft instead of the whole block
+    spec = SpecDecoder(tiny_target, drafter, DraftLengthPolicy(draft_max, adaptive=False))
     spec.debug_check_positions = True
     plain = SpecDecoder(tiny_target, None, DraftLengthPolicy(1, adaptive=False))
     accepted = 0

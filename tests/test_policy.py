@@ -1,3 +1,4 @@
+import pytest
 """Draft-length policy: pick the n with the best expected tokens per second, or plain decoding."""
 
 import numpy as np
@@ -62,8 +63,30 @@ def test_cost_curve_is_monotone_and_measured_in_rounds():
     curve = CostCurve({1: 1.0, 2: 0.9, 4: 2.0}, t_draft=0.1)     # a noisy t(2) below t(1)
     assert curve.verify(2) == 1.0 and curve.verify(3) == 1.5 and curve.verify(4) == 2.0
     order = []
-    measured = measure_cost_curve(lambda b: order.append(b) or float(b), lambda: 0.5, sizes=(1, 2, 4), repeats=3)
+    measured = measure_cost_curve(lambda b: order.append(b) or float(b), lambda n, short: 0.5, sizes=(1, 2, 4),
+                                  repeats=3)
     assert order == [1, 2, 4] * 3 and measured.t == {1: 1.0, 2: 2.0, 4: 4.0} and measured.t_draft == 0.5
+
+
+def test_short_blocks_where_the_draft_cost_grows_with_rows():
+    def verify(b):
+        return 1.0 + 0.1 * b
+
+    cpu = measure_cost_curve(verify, lambda n, short: 0.1 * (n + 1) if short else 0.8, sizes=(1, 2, 8),
+                             draft_ns=(1, 2, 7), draft_max=7)
+    assert cpu.short_blocks and cpu.draft(1) == pytest.approx(0.2) and cpu.draft(7) == pytest.approx(0.8)
+    gpu = measure_cost_curve(verify, lambda n, short: 0.3, sizes=(1, 2, 8), draft_ns=(1, 2, 7), draft_max=7)
+    assert not gpu.short_blocks and gpu.draft(1) == gpu.t_draft == 0.3
+    assert CostCurve.from_json(cpu.to_json()) == cpu
+    # cheap short drafts make a 1-token draft worth it where a full-block draft is not
+    policy = DraftLengthPolicy(7, cost=cpu)
+    for _ in range(40):
+        policy.observe(1, 0)
+        policy.observe(1, 1)                         # α1 ≈ 0.5
+    assert policy.choose() >= 1
+    full = DraftLengthPolicy(7, cost=CostCurve(dict(cpu.t), 0.8))
+    full.slots = policy.slots
+    assert full.choose() == 0
 
 
 def test_probes_are_short_and_back_off_while_plain_wins():

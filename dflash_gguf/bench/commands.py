@@ -77,6 +77,8 @@ def register(app: typer.Typer) -> None:
             end = engine.measure_cost_curve()
             cost_t = {b: (start.t[b] + end.t[b]) / 2 for b in start.t}
             t_draft = (start.t_draft + end.t_draft) / 2
+            short = engine.drafter.short_blocks and start.t_draft_n and end.t_draft_n
+            per_n = {n: (start.t_draft_n[n] + end.t_draft_n[n]) / 2 for n in start.t_draft_n} if short else None
             report = {
                 "target": str(engine.target_model.path), "drafter": str(engine.drafter_model.path),
                 "prompt_files": [str(p) for p in prompts], "prompts": len(bench_prompts),
@@ -90,9 +92,10 @@ def register(app: typer.Typer) -> None:
                 "load_average": {"before": load_before, "after": os.getloadavg()},
                 "upstream_commands": _upstream_commands(up, engine, n_predict, chosen),
                 "warnings": _prompt_mismatches(runs),
-                "cost_curve": {"t_s": cost_t, "t_draft_s": t_draft, "ratios": {b: t / cost_t[1] for b, t in cost_t.items()},
+                "cost_curve": {"t_s": cost_t, "t_draft_s": t_draft, "t_draft_n_s": per_n,
+                               "ratios": {b: t / cost_t[1] for b, t in cost_t.items()},
                                "start": start.to_json(), "end": end.to_json()},
-                "summary": summarize(runs, cost_t, t_draft),
+                "summary": summarize(runs, cost_t, per_n or t_draft),
                 "runs": [r.__dict__ for r in runs],
             }
         finally:

@@ -4,7 +4,8 @@ Per category (and "all") and baseline, each repeat is pooled over its prompts (t
 median, min and max are taken over repeats. Definitions (all per repeat):
 - tok_s = Σ n_decoded / Σ decode_s;  speedup = tok_s / tok_s(plain);  τ = Σ n_decoded / Σ target calls
 - limit = τ · t(1) / mean over target calls of (t(B) + t_draft(B)), with t(B) the measured verify-cost
-  curve, B = drafted + 1 for each call and t_draft(B) = t_draft for B > 1, 0 for B = 1 (a plain step);
+  curve, B = drafted + 1 for each call and t_draft(B) the measured cost of a draft of B − 1 tokens (one
+  figure unless the drafter runs short blocks) for B > 1, 0 for B = 1 (a plain step);
   efficiency = speedup / limit
 - limit_measured = τ · (plain seconds per token) / (verify + draft seconds per call, both from this run);
   efficiency_measured = speedup / limit_measured (= the share of decode time spent in verify + draft)
@@ -54,12 +55,20 @@ def calls_by_batch(p: dict) -> dict[int, int]:
     return {b: c for b, c in hist.items() if c}
 
 
-def curve_limit(p: dict, cost_t: dict[int, float], t_draft: float) -> float | None:
+def draft_cost(t_draft: float | dict[int, float], n: int) -> float:
+    """Seconds of a draft call of n tokens: one figure, or per n where the drafter runs n+1 rows."""
+    if not isinstance(t_draft, dict):
+        return t_draft
+    keys = sorted(t_draft)
+    return float(np.interp(n, keys, [t_draft[k] for k in keys]))
+
+
+def curve_limit(p: dict, cost_t: dict[int, float], t_draft: float | dict[int, float]) -> float | None:
     if not p["tau"] or not cost_t:
         return None
     keys = sorted(cost_t)
     hist = calls_by_batch(p)
-    step = sum(c * (float(np.interp(b, keys, [cost_t[k] for k in keys])) + (t_draft if b > 1 else 0.0))
+    step = sum(c * (float(np.interp(b, keys, [cost_t[k] for k in keys])) + (draft_cost(t_draft, b - 1) if b > 1 else 0.0))
                for b, c in hist.items()) / sum(hist.values())
     return p["tau"] * cost_t[1] / step
 

@@ -53,7 +53,9 @@ def render(report: dict) -> str:
                      f"{_num(overall['dflash']['efficiency_measured']['median'])}")
     cc = report["cost_curve"]
     lines.append("verify cost t(B)/t(1): " + " ".join(f"B{b}={r:.2f}" for b, r in cc["ratios"].items())
-                 + f"; t(1) {1000 * cc['t_s'][1]:.2f} ms, draft {1000 * cc['t_draft_s']:.2f} ms")
+                 + f"; t(1) {1000 * cc['t_s'][1]:.2f} ms, draft {1000 * cc['t_draft_s']:.2f} ms"
+                 + (f" (short blocks: {1000 * cc['t_draft_n_s'][min(cc['t_draft_n_s'])]:.2f} ms for "
+                    f"{min(cc['t_draft_n_s'])} token)" if cc.get("t_draft_n_s") else ""))
     for b, why in report["missing"].items():
         lines.append(f"missing baseline {b}: {why}")
     lines += [f"warning: {w}" for w in report.get("warnings", [])]

@@ -66,6 +66,7 @@ class DFlashDrafter:
         self.model = model
         self.taps = model.target_layer_ids()
         self.block_size = model.block_size() or 16
+        self.short_blocks = False
         self.mask = model.mask_token()
         if window is not None:
             if window < 2 * self.block_size:
@@ -112,14 +113,16 @@ class DFlashDrafter:
 
     def draft(self, last_token: int, pos: int, n: int, want_logits: bool) -> Proposal:
         self._flush()
-        # Always the full trained block: the drafter saw block_size-1 masks in training, and its
-        # cost barely depends on the block; the loop verifies only the first n proposals.
-        block = [last_token] + [self.mask] * (self.block_size - 1)
+        # The full trained block (the drafter saw block_size-1 masks in training), or with short_blocks
+        # only the n+1 rows needed: cheaper where the drafter's cost grows with its rows (CPUs), at a
+        # small loss of acceptance; the policy's calibration decides (policy.measure_cost_curve).
+        rows = n + 1 if self.short_blocks else self.block_size
+        block = [last_token] + [self.mask] * (rows - 1)
         # The dflash graph ignores output flags: it writes logits for every block row in order, so
         # ask for all of them and read rows 1..n (row 0 is the anchor).
         self.tok_batch.set_tokens(block, pos, "all")
         self.ctx.decode(self.tok_batch, "draft")
-        logits = self.ctx.logits_all(self.block_size)[1:n + 1]
+        logits = self.ctx.logits_all(rows)[1:n + 1]
         proposal = Proposal([int(t) for t in logits.argmax(axis=1)], np.array(logits) if want_logits else None)
         self.ctx.seq_rm(pos, -1)             # the block's own K/V are never kept
         return proposal

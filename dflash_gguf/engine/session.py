@@ -73,6 +73,7 @@ class Engine:
         self.cost: CostCurve | None = None
         if self.drafter is not None and s.adaptive and calibrate is not False:
             self.cost = self._cost_curve()
+            self.drafter.short_blocks = self.cost.short_blocks
         self.policy = DraftLengthPolicy(self.draft_max, min(s.draft_min, self.draft_max),
                                         adaptive=s.adaptive, cost=self.cost)
         self.spec = SpecDecoder(self.target, self.drafter, self.policy, t_mode=s.t_mode)
@@ -153,13 +154,17 @@ class Engine:
             self.target.keep(0, b)
             return dt
 
-        def time_draft() -> float:
+        def time_draft(n: int, short: bool) -> float:
+            self.drafter.short_blocks = short
             t0 = time.perf_counter()
-            self.drafter.draft(probe, self.target.n_past, self.draft_max, want_logits=False)
+            self.drafter.draft(probe, self.target.n_past, n, want_logits=False)
             return time.perf_counter() - t0
 
         time_verify(max(sizes))                     # warm-up: graph allocation for the largest batch
-        curve = measure_cost_curve(time_verify, time_draft, sizes=sizes)
+        short_before = self.drafter.short_blocks
+        draft_ns = sorted({n for n in (1, 2, 3, 4, 6, self.draft_max) if n <= self.draft_max})
+        curve = measure_cost_curve(time_verify, time_draft, sizes=sizes, draft_ns=draft_ns, draft_max=self.draft_max)
+        self.drafter.short_blocks = short_before
         self.target.reset()
         self.drafter.begin()
         return curve
