@@ -107,7 +107,7 @@ class CostCache:
         import platform  # noqa: PLC0415
         st, dst = model_path.stat(), drafter_path.stat()
         return (f"{model_path.resolve()}:{st.st_size}:{int(st.st_mtime)}|{drafter_path.name}:{dst.st_size}|"
-                f"{platform.node()}|{backend}|t{n_threads}|ngl{n_gpu_layers}|v2")   # v2: per-n draft costs
+                f"{platform.node()}|{backend}|t{n_threads}|ngl{n_gpu_layers}|v3")   # v3: per-n draft costs, warm timings
 
     def get(self, key: str) -> CostCurve | None:
         try:
