@@ -132,9 +132,9 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_eps)
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_eps)
-        # Official semantics (z-lab dflash 0.1.0): sliding layers are causal inside the block.
-        # llama.cpp 0c1e57098 runs them non-causally (query_pos - key_pos < window, later block
-        # positions visible); set False to reproduce llama.cpp exactly (tests/test_drafter_parity.py).
+        # Official semantics (z-lab dflash 0.1.0): sliding layers are causal inside the block, as our
+        # patched llama.cpp runs them (patches/0005). Stock llama.cpp 0c1e57098 runs them non-causally
+        # (later block positions visible); set False to reproduce that (tests/test_drafter_parity.py).
         self.sliding_causal = True
 
     def forward(self, block_emb: torch.Tensor, ctx_feats: torch.Tensor, block_pos: torch.Tensor,
