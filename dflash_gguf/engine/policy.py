@@ -31,17 +31,23 @@ class CostCurve:
     t_draft_n: dict[int, float] = field(default_factory=dict)
 
     def draft(self, n: int) -> float:
+        return float(self.drafts(np.array([n]))[0])
+
+    def drafts(self, ns: np.ndarray) -> np.ndarray:
+        """Seconds of draft calls of ns tokens."""
         if not (self.short_blocks and self.t_draft_n):
-            return self.t_draft
+            return np.full(len(ns), self.t_draft)
         keys = sorted(self.t_draft_n)
-        return float(np.interp(n, keys, [self.t_draft_n[k] for k in keys]))
+        return np.interp(ns, keys, [self.t_draft_n[k] for k in keys])
 
     def verify(self, b: int) -> float:
-        """t(b), never below t of a smaller batch: more rows never cost less, and a noisy point that says
-        so (measured: t(2)/t(1) = 0.94) would make speculation look free."""
+        return float(self.verifies(np.array([b]))[0])
+
+    def verifies(self, bs: np.ndarray) -> np.ndarray:
+        """t(b) for each b, never below t of a smaller batch: more rows never cost less, and a noisy point
+        that says so (measured: t(2)/t(1) = 0.94) would make speculation look free."""
         keys = sorted(self.t)
-        mono = np.maximum.accumulate([self.t[k] for k in keys])
-        return float(np.interp(b, keys, mono))
+        return np.interp(bs, keys, np.maximum.accumulate([self.t[k] for k in keys]))
 
     def observe_verify(self, b: int, seconds: float) -> None:
         old = self.t.get(b)
@@ -181,9 +187,10 @@ class DraftLengthPolicy:
     def expected_rates(self) -> dict[int, float]:
         """Expected tokens per second for each n (0 = plain decoding)."""
         e = self.slots.expected_tokens()
-        rates = {0: 1.0 / self.cost.verify(1)}
-        for n in range(self.draft_min, self.draft_max + 1):
-            rates[n] = e[n] / (self.cost.verify(n + 1) + self.cost.draft(n))
+        ns = np.arange(self.draft_min, self.draft_max + 1)
+        t = self.cost.verifies(np.concatenate([[1], ns + 1]))          # one pass per step: this runs every token
+        rates = {0: 1.0 / float(t[0])}
+        rates.update(zip(ns.tolist(), (e[ns] / (t[1:] + self.cost.drafts(ns))).tolist()))
         return rates
 
     def choose(self) -> int:
