@@ -44,6 +44,8 @@ ap.add_argument("--draft-vocab", type=int, default=DRAFT_VOCAB, help="reduced dr
 ap.add_argument("--vocab-samples", type=int, default=VOCAB_SAMPLES, help="prompts the target answers to count tokens")
 ap.add_argument("--reduce-only", action="store_true", help="only redo the draft-vocabulary step on --out")
 a = ap.parse_args()
+if a.reduce_only and not a.draft_vocab:
+    ap.error("--reduce-only needs --draft-vocab K (K > 0)")
 
 import torch  # noqa: E402
 
