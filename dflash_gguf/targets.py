@@ -12,7 +12,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from .errors import SetupError, UserError
+from .errors import SetupError
 from .paths import cache_root
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

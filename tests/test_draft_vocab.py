@@ -80,7 +80,6 @@ def test_greedy_with_reduced_vocab_matches_plain(files):
     spec.debug_check_positions = True
     plain = SpecDecoder(target, None, DraftLengthPolicy(1, adaptive=False))
     rng = np.random.default_rng(1)
-    drafted = set()
     for _ in range(6):
         prompt = [1] + rng.integers(3, 64, size=12).tolist()
         res = spec.generate(prompt, 64, SamplingParams(), stop_tokens=lambda t: False)

@@ -2,7 +2,6 @@
 
 import re
 
-import numpy as np
 import pytest
 
 from dflash_gguf.engine.loop import SpecDecoder

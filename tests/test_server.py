@@ -3,7 +3,6 @@
 template, the Jan / LM Studio request shapes, errors, and a client that leaves mid-stream."""
 
 import json
-import time
 
 import httpx
 import pytest

@@ -18,6 +18,18 @@ from typing import Callable, Sequence
 import numpy as np
 
 
+def interp_table(table: dict[int, float], x, monotone: bool = False):
+    """Linear interpolation in a {size: seconds} table (clamped at its ends); with `monotone` the values
+    are first made non-decreasing in the size."""
+    keys = sorted(table)
+    values = [table[k] for k in keys]
+    return np.interp(x, keys, np.maximum.accumulate(values) if monotone else values)
+
+
+def _smoothed(old: float | None, new: float, smoothing: float) -> float:
+    return new if old is None else (1 - smoothing) * old + smoothing * new
+
+
 @dataclass
 class CostCurve:
     """Seconds per target decode of B rows (t[B]) and per draft call, updated online.
@@ -37,8 +49,7 @@ class CostCurve:
         """Seconds of draft calls of ns tokens."""
         if not (self.short_blocks and self.t_draft_n):
             return np.full(len(ns), self.t_draft)
-        keys = sorted(self.t_draft_n)
-        return np.interp(ns, keys, [self.t_draft_n[k] for k in keys])
+        return interp_table(self.t_draft_n, ns)
 
     def verify(self, b: int) -> float:
         return float(self.verifies(np.array([b]))[0])
@@ -46,19 +57,16 @@ class CostCurve:
     def verifies(self, bs: np.ndarray) -> np.ndarray:
         """t(b) for each b, never below t of a smaller batch: more rows never cost less, and a noisy point
         that says so (measured: t(2)/t(1) = 0.94) would make speculation look free."""
-        keys = sorted(self.t)
-        return np.interp(bs, keys, np.maximum.accumulate([self.t[k] for k in keys]))
+        return interp_table(self.t, bs, monotone=True)
 
     def observe_verify(self, b: int, seconds: float) -> None:
-        old = self.t.get(b)
-        self.t[b] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
+        self.t[b] = _smoothed(self.t.get(b), seconds, self.smoothing)
 
     def observe_draft(self, seconds: float, n: int | None = None) -> None:
         if self.short_blocks and n is not None:
-            old = self.t_draft_n.get(n)
-            self.t_draft_n[n] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
-            return
-        self.t_draft = (1 - self.smoothing) * self.t_draft + self.smoothing * seconds
+            self.t_draft_n[n] = _smoothed(self.t_draft_n.get(n), seconds, self.smoothing)
+        else:
+            self.t_draft = _smoothed(self.t_draft, seconds, self.smoothing)
 
     def ratios(self) -> dict[int, float]:
         return {b: self.t[b] / self.t[1] for b in sorted(self.t)}
