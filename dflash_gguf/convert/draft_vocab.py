@@ -57,7 +57,8 @@ def target_head_rows(target: Path, token_ids: np.ndarray) -> tuple[np.ndarray, o
     if rows.shape[0] != n_rows:
         raise UserError(f"{target}: unexpected layout of {t.name} ({rows.shape}); cannot build a draft vocabulary")
     if token_ids.max(initial=-1) >= n_rows:
-        raise UserError(f"token id {int(token_ids.max())} is outside the target's head ({n_rows} rows)")
+        raise UserError(f"{target}: token id {int(token_ids.max())} is outside its LM head ({n_rows} rows); "
+                        "count tokens with this target, not another model")
     return np.ascontiguousarray(rows[token_ids]), t.tensor_type
 
 
