@@ -10,11 +10,15 @@ from dflash_gguf.train.harvest import DatasetWriter
 H, TAPS, V, MASK = 16, [1, 2], 40, 1
 
 
+META = {"target": "t.gguf", "taps": TAPS, "n_embd": H, "store_features": True, "top_k_probs": 0}
+
+
 def _write(folder, seqs):
-    w = DatasetWriter(folder, {"target": "t.gguf", "taps": TAPS, "n_embd": H})
+    w = DatasetWriter(folder, META)
     rng = np.random.default_rng(0)
-    for tokens, response_start in seqs:
-        w.add(tokens, rng.standard_normal((len(tokens), len(TAPS) * H)), response_start, {"category": "chat"}, False)
+    for i, (tokens, response_start) in enumerate(seqs):
+        w.add(tokens, [[response_start, len(tokens)]], {"category": "chat"}, prompt_index=i, sampled=False,
+              feats=rng.standard_normal((len(tokens), len(TAPS) * H)))
     return FeatureDataset(folder)
 
 
@@ -45,8 +49,9 @@ def test_sequence_shorter_than_a_block_after_its_prompt_gives_no_blocks(tmp_path
 def test_refresh_sees_sequences_written_later_and_ignores_an_unindexed_tail(tmp_path):
     data = _write(tmp_path, [(list(range(2, 30)), 4)] * 3)
     assert len(data.index) == 3
-    w = DatasetWriter(tmp_path, {"target": "t.gguf", "taps": TAPS, "n_embd": H})
-    w.add(list(range(5, 25)), np.zeros((20, len(TAPS) * H)), 3, {"category": "code"}, True)
+    w = DatasetWriter(tmp_path, META)
+    w.add(list(range(5, 25)), [[3, 20]], {"category": "code"}, prompt_index=3, sampled=True,
+          feats=np.zeros((20, len(TAPS) * H)))
     with open(tmp_path / "tokens.bin", "ab") as f:       # a writer caught mid-sequence
         f.write(np.arange(7, dtype=np.int32).tobytes())
     assert data.refresh() == 4
@@ -84,11 +89,10 @@ def test_restricted_vocabulary_keeps_the_logits_of_its_tokens_and_remaps_labels(
     assert tr.weights[0] == 0 and tr.weights[1] == 1 and tr.weights[2] < 1
 
 
-def test_schedule_warms_up_then_reaches_zero_at_the_last_step_or_the_time_limit(tmp_path):
-    tr = _trainer(tmp_path, lr=1e-3, warmup=0.1, max_steps=100, epochs=100.0)
-    assert tr.total_steps == 100
-    assert tr.lr_at(0) == pytest.approx(1e-4) and tr.lr_at(9) == pytest.approx(1e-3)
-    assert tr.lr_at(55) == pytest.approx(5e-4, rel=0.05) and tr.lr_at(100) == pytest.approx(0, abs=1e-12)
-    timed = _trainer(tmp_path / "b", lr=1e-3, warmup=0.1, max_steps=100, epochs=100.0, max_seconds=60)
-    assert timed.lr_at(20, seconds=30) < tr.lr_at(20)
-    assert timed.lr_at(20, seconds=60) == pytest.approx(0, abs=1e-12)
+def test_schedule_warms_up_then_reaches_zero_at_the_end_of_the_rows_budget(tmp_path):
+    tr = _trainer(tmp_path, lr=1e-3, warmup=0.1, rows=1000)
+    assert tr.total_rows == 1000
+    assert tr.lr_at(0) == pytest.approx(1e-5) and tr.lr_at(99) == pytest.approx(1e-3)
+    assert tr.lr_at(550) == pytest.approx(5e-4, rel=0.01) and tr.lr_at(1000) == pytest.approx(0, abs=1e-12)
+    by_epochs = _trainer(tmp_path / "b", epochs=2.0)
+    assert by_epochs.total_rows == 2 * by_epochs.data.n_tokens(by_epochs.train_ids) * 3     # block 4: 3 labels

@@ -9,7 +9,7 @@ import typer
 
 from ..errors import UserError
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts.jsonl"
+DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts-v2.jsonl.gz"
 
 
 def register(app: typer.Typer) -> None:
@@ -17,63 +17,101 @@ def register(app: typer.Typer) -> None:
     def train(
         model: Path = typer.Option(..., "-m", "--model", help="target GGUF (the teacher)"),
         out: Path = typer.Option(..., "-o", "--out", help="drafter GGUF to write"),
-        prompts: list[Path] = typer.Option([], "--prompts", help="JSONL files with a 'prompt' field "
+        prompts: list[Path] = typer.Option([], "--prompts", help="JSONL files (.gz too) with a 'prompt' field "
                                            "(default: the shipped licensed prompt set)"),
         layers: int = typer.Option(2, "--layers", help="draft layers"),
         block_size: int = typer.Option(8, "--block-size"),
         taps: str = typer.Option("auto", "--taps", help="auto | comma-separated target layer ids"),
-        tokens: Optional[int] = typer.Option(300_000, "--tokens", help="tokens of training text to generate"),
+        tokens: Optional[int] = typer.Option(300_000, "--tokens", help="tokens of training text the dataset holds "
+                                             "(the harvest stops there; 0: every prompt)"),
+        harvest_minutes: Optional[float] = typer.Option(None, "--harvest-minutes",
+                                                        help="stop harvesting after this long (resumable)"),
+        parallel: int = typer.Option(8, "--parallel", help="sequences generated together while harvesting"),
+        rows: Optional[int] = typer.Option(None, "--rows", help="labelled block rows to train on (the schedule "
+                                           "runs over them; default: --epochs over the data)"),
         epochs: float = typer.Option(2.0, "--epochs"),
-        max_minutes: Optional[float] = typer.Option(None, "--max-minutes", help="stop training after this long"),
+        max_minutes: Optional[float] = typer.Option(None, "--max-minutes", help="stop training after this long "
+                                                    "(resume later with --resume)"),
         lr: float = typer.Option(6e-4, "--lr"),
+        distill: float = typer.Option(0.0, "--distill", help="share of the loss against the target's top-k "
+                                      "probabilities kept at harvest time (0: hard labels only)"),
         loss_vocab_extra: Optional[int] = typer.Option(
-            None, "--loss-vocab-extra", help="softmax over the data's tokens plus N random others per step; "
-            "-1: the whole vocabulary (default: 2048 on cpu, the whole vocabulary on cuda)"),
-        device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
+            None, "--loss-vocab-extra", help="without --draft-vocab: softmax over the data's tokens plus N random "
+            "others per step; -1: the whole vocabulary (default: 2048 on cpu, the whole vocabulary on cuda)"),
+        device: str = typer.Option("cpu", "--device", help="cpu | cuda (torch training; the harvest offloads "
+                                   "the target with -ngl)"),
+        n_gpu_layers: Optional[int] = typer.Option(None, "-ngl", "--n-gpu-layers",
+                                                   help="target layers on the GPU while harvesting "
+                                                        "(default: all with --device cuda)"),
+        precision: str = typer.Option("auto", "--precision", help="auto | fp32 | bf16 (auto: bf16 only where "
+                                      "the hardware computes it natively)"),
         outtype: str = typer.Option("q8_0", "--outtype"),
-        work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="data + checkpoints (default: beside -o)"),
-        resume: Optional[Path] = typer.Option(None, "--resume", help="continue harvesting/training in this work dir"),
+        data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="harvested data (default: the user "
+                                                "cache, keyed by target sha256 + prompt set + seed)"),
+        work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="checkpoints (default: the user cache)"),
+        resume: Optional[Path] = typer.Option(None, "--resume", help="continue training from the checkpoint "
+                                              "in this work dir"),
         seed: int = typer.Option(0, "--seed"),
         draft_vocab: Optional[int] = typer.Option(
             None, "--draft-vocab", help="propose only the K tokens most frequent in the training data "
                                         "(own head rows + d2t: a cheaper draft step, still lossless)"),
-        threads: int = typer.Option(0, "-t", "--threads"),
+        threads: int = typer.Option(0, "-t", "--threads", help="CPU threads for harvest and training (0: all)"),
         force: bool = typer.Option(False, "--force"),
     ):
         """Generate training data with the target itself, train the drafter, export a validated GGUF."""
         from ..engine.session import require_native
+        from ..native.build import sha256_file
+        from ..paths import cache_root
         from .harvest import HarvestSettings
-        from .pipeline import parse_taps, train_drafter
+        from .pipeline import dataset_dir, parse_taps, prompts_sha256, train_drafter
         from .prompts import load
         from .target_weights import attention_geometry
         from .trainer import TrainSettings
         try:
-            import torch  # noqa: F401
+            import torch
         except ImportError:
             raise UserError("training needs PyTorch: pip install 'dflash-gguf[train]' (torch==2.13.0)") from None
+        if device not in ("cpu", "cuda"):
+            raise UserError(f"--device {device!r}: use cpu or cuda")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise UserError("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
+        if precision not in ("auto", "fp32", "bf16"):
+            raise UserError(f"--precision {precision!r}: use auto, fp32 or bf16")
+        if not 0.0 <= distill <= 1.0:
+            raise UserError(f"--distill {distill}: choose a share between 0 and 1")
         require_native()
         if not model.is_file():
             raise UserError(f"-m {model}: no such file")
-        rows = [r for p in (prompts or [DEFAULT_PROMPTS]) for r in load(p)]
-        if not rows:
+        rows_in = [r for p in (prompts or [DEFAULT_PROMPTS]) for r in load(p)]
+        if not rows_in:
             raise UserError("no training prompts")
-        if resume is not None and not (resume / "data" / "index.jsonl").is_file():
-            raise UserError(f"--resume {resume}: no training data there (expected {resume}/data/index.jsonl)")
+        if resume is not None and not (resume / "checkpoint" / "ckpt.pt").is_file():
+            raise UserError(f"--resume {resume}: no checkpoint there (expected {resume}/checkpoint/ckpt.pt)")
         try:
             geometry = attention_geometry(model)
         except Exception as e:  # noqa: BLE001 - any parse failure means the same thing to the user
             raise UserError(f"-m {model}: not a readable GGUF target ({type(e).__name__}: {e})") from None
         tap_ids = parse_taps(taps, geometry["n_layer"])
-        work = resume or work_dir or out.with_suffix(".train")
+        data = data_dir or dataset_dir(sha256_file(model), prompts_sha256(rows_in), seed)
+        work = resume or work_dir or cache_root() / "train" / f"{out.stem}-{data.name}"
         if loss_vocab_extra is None:
             loss_vocab_extra = 2048 if device == "cpu" else -1
-        settings = TrainSettings(n_layers=layers, block_size=block_size, epochs=epochs, lr=lr, device=device,
-                                 seed=seed, max_seconds=max_minutes * 60 if max_minutes else None,
+        if threads:
+            torch.set_num_threads(threads)
+        ngl = n_gpu_layers if n_gpu_layers is not None else (999 if device == "cuda" else 0)
+        settings = TrainSettings(n_layers=layers, block_size=block_size, epochs=epochs, rows=rows, lr=lr,
+                                 device=device, seed=seed, precision=precision, distill=distill,
+                                 max_seconds=max_minutes * 60 if max_minutes else None,
                                  loss_vocab_extra=None if loss_vocab_extra < 0 else loss_vocab_extra)
-        record = train_drafter(model, out, rows, work, taps=tap_ids,
-                               harvest_settings=HarvestSettings(taps=tap_ids, seed=seed, n_threads=threads),
-                               train_settings=settings, max_tokens=tokens, outtype=outtype, resume=resume is not None,
-                               force=force, data_note=", ".join(str(p) for p in (prompts or [DEFAULT_PROMPTS])),
-                               draft_vocab=draft_vocab)
+        harvest_settings = HarvestSettings(taps=tap_ids, seed=seed, n_threads=threads, n_parallel=parallel,
+                                           n_gpu_layers=ngl)
+        record = train_drafter(model, out, rows_in, work, taps=tap_ids, harvest_settings=harvest_settings,
+                               train_settings=settings, max_tokens=tokens or None, outtype=outtype,
+                               resume=resume is not None, force=force,
+                               data_note=", ".join(str(p) for p in (prompts or [DEFAULT_PROMPTS])),
+                               draft_vocab=draft_vocab, data_dir=data,
+                               harvest_seconds=harvest_minutes * 60 if harvest_minutes else None)
         typer.echo(f"{out}: validation τ estimate {record['val_tau_estimate']:.2f} "
-                   f"(slot acceptance {', '.join(f'{x:.2f}' for x in record['val_slot_accept'])})")
+                   f"(slot acceptance {', '.join(f'{x:.2f}' for x in record['val_slot_accept'])}); "
+                   f"{record['labelled_rows']:,} labelled rows at {record['rows_per_second']:.0f} rows/s "
+                   f"({record['precision']}); checkpoint: {work} (--resume {work})")

@@ -1,9 +1,10 @@
 """Anchor blocks from a harvested dataset (see harvest.py for the layout), packed for one forward pass.
 
-One sequence gives many blocks: for each anchor position a in the response, the block
+One sequence gives many blocks: for each anchor position a in a target-written span, the block
 [token@a, MASK×(B-1)] at positions a..a+B-1 must predict tokens a+1..a+B-1, seeing the context
 features of positions < a only (exactly what the drafter has at inference: the anchor is the
 newest token, not yet decoded by the target), bidirectional inside its block, blind to other blocks.
+The whole block lies inside one span: tokens of a user turn are never labels.
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ class PackedBlocks:
     slot: np.ndarray              # [S] 0..B-1
     ctx_feats: np.ndarray         # [C, k*H] float16 features of positions 0..C-1
     mask: np.ndarray              # [S, C+S] bool: True = may attend
+    teacher_ids: np.ndarray | None = None     # [S, K] the target's top-K for each row's label (-1: none)
+    teacher_p: np.ndarray | None = None       # [S, K] their probabilities
+
+
+def spans_of(record: dict) -> list[list[int]]:
+    """Target-written [start, end) ranges of a sequence (datasets before multi-turn had one)."""
+    return record.get("spans") or [[record["response_start"], record["length"]]]
 
 
 class FeatureDataset:
@@ -30,6 +38,7 @@ class FeatureDataset:
         self.root = root
         self.meta = json.loads((root / "meta.json").read_text())
         self.taps = self.meta["taps"]
+        self.top_k = int(self.meta.get("top_k_probs", 0))
         self.refresh()
 
     def refresh(self) -> int:
@@ -39,9 +48,22 @@ class FeatureDataset:
         n = index[-1]["offset"] + index[-1]["length"] if index else 0
         width = len(self.taps) * self.meta["n_embd"]
         self.tokens = np.memmap(self.root / "tokens.bin", dtype=np.int32, mode="r", shape=(n,))
-        self.feats = np.memmap(self.root / "feats.bin", dtype=np.float16, mode="r", shape=(n, width))
+        feats = self.root / "feats.bin"
+        if not feats.exists() or feats.stat().st_size < n * width * 2:
+            raise ValueError(f"{self.root}: features missing for some sequences; recompute them "
+                             "(dflash_gguf.train.refeature) or harvest with features")
+        self.feats = np.memmap(feats, dtype=np.float16, mode="r", shape=(n, width))
+        if self.top_k:
+            self.topk_ids = np.memmap(self.root / "topk_ids.bin", dtype=np.int32, mode="r", shape=(n, self.top_k))
+            self.topk_p = np.memmap(self.root / "topk_p.bin", dtype=np.float16, mode="r", shape=(n, self.top_k))
         self.index = index
         return len(index)
+
+    def written_tokens(self, ids: list[int] | None = None) -> np.ndarray:
+        """The target-written tokens of the given sequences (all by default), concatenated."""
+        parts = [np.asarray(self.tokens[r["offset"] + s:r["offset"] + e])
+                 for r in (self.index if ids is None else [self.index[i] for i in ids]) for s, e in spans_of(r)]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int32)
 
     def vocabulary(self) -> np.ndarray:
         """Sorted distinct token ids in the data."""
@@ -53,16 +75,15 @@ class FeatureDataset:
         return [i for i in ids if i % every], [i for i in ids if i % every == 0]
 
     def n_tokens(self, ids: list[int]) -> int:
-        return sum(self.index[i]["length"] - self.index[i]["response_start"] for i in ids)
+        return sum(e - s for i in ids for s, e in spans_of(self.index[i]))
 
     def blocks(self, seq: int, n_anchors: int, block_size: int, mask_token: int, rng: np.random.Generator
                ) -> PackedBlocks | None:
         r = self.index[seq]
-        off, length, rs = r["offset"], r["length"], r["response_start"]
-        last = length - block_size                       # the block's last label must exist
-        if last < rs:
+        off, length = r["offset"], r["length"]
+        candidates = np.concatenate([np.arange(s, min(e, length) - block_size + 1) for s, e in spans_of(r)])
+        if len(candidates) == 0:                         # no block fits inside a span
             return None
-        candidates = np.arange(rs, last + 1)
         anchors = np.sort(rng.choice(candidates, size=min(n_anchors, len(candidates)), replace=False))
         toks = np.asarray(self.tokens[off:off + length], dtype=np.int64)
         A, B = len(anchors), block_size
@@ -74,4 +95,9 @@ class FeatureDataset:
         ctx_visible = np.arange(C)[None, :] < anchors[:, None]                   # [A, C]
         blk = np.arange(A * B) // B
         mask = np.concatenate([ctx_visible[blk], blk[:, None] == blk[None, :]], axis=1)
-        return PackedBlocks(block_tokens, pos, labels, slot, np.asarray(self.feats[off:off + C]), mask)
+        teacher_ids = teacher_p = None
+        if self.top_k:                                   # the distribution of the token at p was kept at p - 1
+            teacher_ids = np.asarray(self.topk_ids[off + pos - 1])
+            teacher_p = np.asarray(self.topk_p[off + pos - 1], dtype=np.float32)
+        return PackedBlocks(block_tokens, pos, labels, slot, np.asarray(self.feats[off:off + C]), mask,
+                            teacher_ids, teacher_p)

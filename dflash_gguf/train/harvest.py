@@ -1,14 +1,18 @@
-"""Training data from the target itself: it writes the responses, and its tapped hidden states for
-every position are stored beside the tokens (F16, memory-mapped). Any GGUF target works.
+"""Training data from the target itself: it writes the responses, and what it computed on the way is kept.
 
-Generation runs several sequences in one batch (CPU batches of 8 cost ~4× one token), and the taps
-of each decoded row are kept as they come, so no second pass over the text is needed.
+Generation runs many sequences in one batch (each sequence has its own KV stream), and per position it keeps
+the tapped hidden states (optional: they can be recomputed later by a batched prefill of the tokens) and the
+target's top-k next-token probabilities (free: the logits were computed anyway; used for distillation).
+A row may carry `followups`: further user turns, answered in the same sequence (multi-turn data).
 
-Layout of a dataset folder:
-  tokens.bin   int32 [N]            all sequences back to back (prompt + response)
-  feats.bin    float16 [N, k*H]     features of each position (the row of the last token is zero)
-  index.jsonl  one row per sequence {offset, length, response_start, category, source, sampled}
-  meta.json    target, taps, n_embd, settings
+Layout of a dataset folder (append-only; a harvest resumes where it stopped):
+  tokens.bin   int32 [N]             all sequences back to back (prompt + responses)
+  feats.bin    float16 [N, k*H]      features of each position (the row of the last token is zero); optional
+  topk_ids.bin int32 [N, K]          the target's K most likely next tokens after each position (-1: none)
+  topk_p.bin   float16 [N, K]        their probabilities (T = 1)
+  index.jsonl  one row per sequence {prompt_index, offset, length, spans, category, source, sampled}
+               spans: [start, end) ranges of target-written tokens
+  meta.json    target (name, sha256), prompt set sha256, seed, taps, n_embd, settings
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from ..engine.sampling import SamplingParams, probs_from_logits, sample
+from ..textgen.prompting import format_prompt, is_completion, next_turn_tokens
 
 
 @dataclass
@@ -36,123 +41,224 @@ class HarvestSettings:
     top_p: float = 0.9
     seed: int = 0
     n_threads: int = 0
+    store_features: bool = True
+    top_k_probs: int = 8                  # 0: keep no probabilities
+    n_gpu_layers: int = 0
 
 
 @dataclass
 class _Slot:
     seq: int
+    prompt_index: int
     row: dict
     tokens: list[int]
     feats: list[np.ndarray]
-    response_start: int
+    topk_ids: list[np.ndarray]
+    topk_p: list[np.ndarray]
+    spans: list[list[int]]
     max_new: int
     sampling: SamplingParams
-
-
-def format_prompt(model, row: dict) -> list[int]:
-    """Code prompts are raw completions; math and chat go through the model's chat template."""
-    if row.get("category") == "code" or not model.chat_template():
-        return model.tokenize(row["prompt"], add_special=True)
-    from ..engine.chat import render_chat  # noqa: PLC0415
-    text = render_chat(model.chat_template(), [{"role": "user", "content": row["prompt"]}],
-                       bos_token=model.token_bytes(model.bos(), special=True).decode("utf-8", "replace"),
-                       eos_token=model.token_bytes(model.eos(), special=True).decode("utf-8", "replace"),
-                       model_name=model.path.name)
-    return model.tokenize(text, add_special=False)
+    rng: np.random.Generator
+    followups: list[str]
 
 
 class DatasetWriter:
+    """Appends sequences to a dataset folder; refuses a folder made for another target, prompt set or taps."""
+
+    KEYS = ("target_sha256", "prompts_sha256", "seed", "taps", "store_features", "top_k_probs")
+
     def __init__(self, out: Path, meta: dict):
         out.mkdir(parents=True, exist_ok=True)
         self.out = out
         meta_path = out / "meta.json"
         if meta_path.exists():
             old = json.loads(meta_path.read_text())
-            if old["taps"] != meta["taps"] or old["target"] != meta["target"]:
-                raise ValueError(f"{out} holds data for other taps/target ({old['taps']}, {old['target']})")
+            diff = [k for k in self.KEYS if old.get(k) != meta.get(k)]
+            if diff:
+                raise ValueError(f"{out} holds data made with other {', '.join(diff)}; use another folder")
         else:
             meta_path.write_text(json.dumps(meta, indent=2))
+        self.meta = meta
         self.index = out / "index.jsonl"
-        self.n_done = sum(1 for _ in self.index.open()) if self.index.exists() else 0
-        self.offset = (out / "tokens.bin").stat().st_size // 4 if (out / "tokens.bin").exists() else 0
+        rows = [json.loads(x) for x in self.index.read_text().splitlines() if x.strip()] if self.index.exists() else []
+        self.done = {r.get("prompt_index", i) for i, r in enumerate(rows)}
+        self.offset = rows[-1]["offset"] + rows[-1]["length"] if rows else 0
+        self._truncate_tails()
         self.n_tokens_written = 0
+        self.n_response_written = 0
 
-    def add(self, tokens: list[int], feats: np.ndarray, response_start: int, row: dict, sampled: bool) -> None:
-        assert feats.shape[0] == len(tokens)
-        with open(self.out / "tokens.bin", "ab") as f:
-            f.write(np.asarray(tokens, dtype=np.int32).tobytes())
-        with open(self.out / "feats.bin", "ab") as f:
-            f.write(feats.astype(np.float16).tobytes())
-        rec = {"offset": self.offset, "length": len(tokens), "response_start": response_start,
-               "category": row.get("category"), "source": row.get("source"), "sampled": sampled}
+    def _truncate_tails(self) -> None:
+        """Drop bytes past the last indexed sequence (a harvest killed between two appends)."""
+        width = {"tokens.bin": 4, "topk_ids.bin": 4 * self.meta["top_k_probs"], "topk_p.bin": 2 * self.meta["top_k_probs"],
+                 "feats.bin": 2 * len(self.meta["taps"]) * self.meta["n_embd"]}
+        for name, w in width.items():
+            path = self.out / name
+            if path.exists() and path.stat().st_size > self.offset * w:
+                with open(path, "r+b") as f:
+                    f.truncate(self.offset * w)
+
+    def _append(self, name: str, arr: np.ndarray) -> None:
+        with open(self.out / name, "ab") as f:
+            f.write(arr.tobytes())
+
+    def add(self, tokens: list[int], spans: list[list[int]], row: dict, *, prompt_index: int, sampled: bool,
+            feats: np.ndarray | None = None, topk_ids: np.ndarray | None = None, topk_p: np.ndarray | None = None
+            ) -> None:
+        """One sequence: its tokens, the [start, end) spans the target wrote, and per position its features
+        [n, k*H] and top-K ids/probabilities [n, K] when the dataset keeps them."""
+        n = len(tokens)
+        if (feats is None) == bool(self.meta["store_features"]) or (topk_ids is None) == bool(self.meta["top_k_probs"]):
+            raise ValueError("features / top-k probabilities do not match what this dataset keeps")
+        self._append("tokens.bin", np.asarray(tokens, dtype=np.int32))
+        if feats is not None:
+            assert feats.shape[0] == n
+            self._append("feats.bin", feats.astype(np.float16))
+        if topk_ids is not None:
+            assert topk_ids.shape[0] == n and topk_p.shape[0] == n
+            self._append("topk_ids.bin", topk_ids.astype(np.int32))
+            self._append("topk_p.bin", topk_p.astype(np.float16))
+        rec = {"prompt_index": prompt_index, "offset": self.offset, "length": n, "spans": spans,
+               "response_start": spans[0][0], "category": row.get("category"), "source": row.get("source"),
+               "sampled": sampled}
         with open(self.index, "a") as f:
             f.write(json.dumps(rec) + "\n")
-        self.offset += len(tokens)
-        self.n_done += 1
-        self.n_tokens_written += len(tokens)
+        self.offset += n
+        self.done.add(prompt_index)
+        self.n_tokens_written += n
+        self.n_response_written += sum(e - s for s, e in spans)
+
+
+def top_k_probs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """[n, V] logits -> ([n, k] ids, [n, k] probabilities at T = 1), most likely first."""
+    ids = np.argpartition(logits, -k, axis=1)[:, -k:]
+    top = np.take_along_axis(logits, ids, axis=1)
+    m = logits.max(axis=1, keepdims=True)
+    lse = m + np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
+    order = np.argsort(-top, axis=1)
+    return np.take_along_axis(ids, order, axis=1), np.exp(np.take_along_axis(top, order, axis=1) - lse)
 
 
 def harvest(target_path: Path, prompts: list[dict], out: Path, settings: HarvestSettings,
-            max_tokens: int | None = None, progress: Callable[[int, int], None] | None = None) -> DatasetWriter:
-    """Generate responses for `prompts` (resuming after those already in `out`) until all are done or
-    the dataset holds max_tokens tokens."""
+            max_tokens: int | None = None, max_seconds: float | None = None, meta_extra: dict | None = None,
+            progress: Callable[["DatasetWriter", float], None] | None = None) -> DatasetWriter:
+    """Generate responses for `prompts` (skipping those already in `out`) until all are done, the dataset
+    holds max_tokens tokens or max_seconds have passed (sequences in flight are then kept as they are)."""
     from ..native.wrappers import Batch, Context, ContextSettings, Model  # noqa: PLC0415
 
-    model = Model(target_path)
-    meta = {"target": str(target_path.name), "target_arch": model.arch, "taps": list(settings.taps),
-            "n_embd": model.n_embd, "settings": asdict(settings)}
+    model = Model(target_path, n_gpu_layers=settings.n_gpu_layers)
+    meta = {"target": target_path.name, "target_arch": model.arch, "taps": list(settings.taps),
+            "n_embd": model.n_embd, "seed": settings.seed, "store_features": settings.store_features,
+            "top_k_probs": settings.top_k_probs, "settings": asdict(settings)} | (meta_extra or {})
     writer = DatasetWriter(out, meta)
-    n_par = settings.n_parallel
+    n_par, K = settings.n_parallel, settings.top_k_probs
     ctx = Context(model, ContextSettings(n_ctx=n_par * settings.ctx_per_seq, n_batch=512, n_ubatch=512,
                                          n_threads=settings.n_threads, n_seq_max=n_par))
     ctx.set_taps(settings.taps)
-    batch = Batch(model.native, 512)
-    rng = np.random.default_rng(settings.seed + writer.n_done)
-    queue = list(enumerate(prompts))[writer.n_done:]
+    width = len(settings.taps) * model.n_embd
+    batch = Batch(model.native, max(512, n_par))
+    queue = [(i, r) for i, r in enumerate(prompts) if i not in writer.done]
+    queue.reverse()                       # pop() from the end takes them in order
     slots: dict[int, _Slot] = {}
     t0 = time.time()
 
+    def prefill(slot: _Slot, toks: list[int]) -> None:
+        pos0 = len(slot.tokens)
+        for i in range(0, len(toks), 512):
+            part = toks[i:i + 512]
+            batch.set_rows(part, range(pos0 + i, pos0 + i + len(part)), [slot.seq] * len(part), "last")
+            ctx.decode(batch, "harvest prefill")
+            if settings.store_features:
+                slot.feats.extend(ctx.get_taps(0, len(part)))
+        slot.tokens.extend(toks)
+        keep([slot], ctx.logits(len(part) - 1)[None])
+
+    def keep(active: list[_Slot], logits: np.ndarray) -> None:
+        """Record the target's view of the next position of each slot ([n, V] logits) and pick its token."""
+        if K:
+            ids, p = top_k_probs(logits, K)
+        for i, slot in enumerate(active):
+            if K:
+                slot.topk_ids.append(ids[i])
+                slot.topk_p.append(p[i])
+            slot.tokens.append(_pick(logits[i], slot.sampling, slot.rng))
+
     def start(seq: int) -> None:
         while queue:
-            _, row = queue.pop(0)
+            index, row = queue.pop()
             toks = format_prompt(model, row)
-            if not 4 <= len(toks) <= min(512, settings.ctx_per_seq // 2):
+            if not 4 <= len(toks) <= min(768, settings.ctx_per_seq // 2):
                 continue
+            rng = np.random.default_rng([settings.seed, index])
             sampled = rng.random() < settings.sampled_fraction
             sp = SamplingParams(settings.temperature, settings.top_k, settings.top_p) if sampled else SamplingParams()
-            batch.set_rows(toks, range(len(toks)), [seq] * len(toks), "last")
-            ctx.decode(batch, "harvest prefill")
-            feats = list(ctx.get_taps(0, len(toks)))
-            first = _pick(ctx.logits(len(toks) - 1), sp, rng)
-            budget = min(settings.max_new.get(row.get("category"), 256), settings.ctx_per_seq - len(toks) - 1)
-            slots[seq] = _Slot(seq, row, toks + [first], feats, len(toks), budget, sp)
+            budget = settings.max_new.get(row.get("category"), 256)
+            slot = _Slot(seq, index, row, [], [], [], [], [], budget, sp, rng, list(row.get("followups", [])))
+            slot.topk_ids = [np.full(K, -1, np.int32)] * (len(toks) - 1) if K else []
+            slot.topk_p = [np.zeros(K, np.float32)] * (len(toks) - 1) if K else []
+            prefill(slot, toks)
+            slot.spans.append([len(toks), len(toks)])
+            slots[seq] = slot
             return
 
+    def end_turn(slot: _Slot) -> bool:
+        """Close the current answer; open the next user turn if there is one (True: the slot goes on)."""
+        slot.spans[-1][1] = len(slot.tokens)
+        if not slot.followups or not model.is_eog(slot.tokens[-1]) or is_completion(slot.row):
+            return False
+        messages = [{"role": "user", "content": slot.row["prompt"]}]
+        for i, (s, e) in enumerate(slot.spans):
+            messages.append({"role": "assistant", "content": model.detokenize(slot.tokens[s:e - 1])})
+            messages.append({"role": "user", "content": slot.row["followups"][i] if i < len(slot.row["followups"])
+                             else ""})
+        turn = next_turn_tokens(model, messages, slot.tokens[-1])
+        follow = slot.followups.pop(0)
+        if not turn or not follow or len(slot.tokens) + len(turn) + 64 > settings.ctx_per_seq:
+            return False
+        eog = slot.tokens.pop()           # decoded now, as the first token of the next turn's prefill
+        if K:
+            slot.topk_ids.extend([np.full(K, -1, np.int32)] * len(turn))
+            slot.topk_p.extend([np.zeros(K, np.float32)] * len(turn))
+        prefill(slot, [eog] + turn)
+        slot.spans.append([len(slot.tokens) - 1, len(slot.tokens) - 1])
+        return True
+
     def finish(slot: _Slot) -> None:
-        width = slot.feats[0].shape[0]
-        feats = np.vstack(slot.feats + [np.zeros(width, np.float32)])      # the last token was never decoded
-        writer.add(slot.tokens, feats, slot.response_start, slot.row, not slot.sampling.greedy)
+        feats = np.vstack(slot.feats + [np.zeros(width, np.float32)]) if settings.store_features else None
+        ids = np.vstack(slot.topk_ids + [np.full(K, -1, np.int32)]) if K else None
+        p = np.vstack(slot.topk_p + [np.zeros(K, np.float32)]) if K else None
+        writer.add(slot.tokens, slot.spans, slot.row, prompt_index=slot.prompt_index,
+                   sampled=not slot.sampling.greedy, feats=feats, topk_ids=ids, topk_p=p)
         ctx.seq_rm(0, -1, seq=slot.seq)
         del slots[slot.seq]
 
-    for seq in range(n_par if max_tokens is None or writer.offset < max_tokens else 0):
+    def out_of_budget() -> bool:
+        return bool((max_tokens is not None and writer.offset >= max_tokens)
+                    or (max_seconds is not None and time.time() - t0 >= max_seconds))
+
+    for seq in range(n_par):
+        if out_of_budget():
+            break
         start(seq)
-    while slots and (max_tokens is None or writer.offset < max_tokens):
+    while slots and not out_of_budget():
         active = sorted(slots.values(), key=lambda s: s.seq)
         batch.set_rows([s.tokens[-1] for s in active], [len(s.tokens) - 1 for s in active],
                        [s.seq for s in active], "all")
         ctx.decode(batch, "harvest step")
-        rows = ctx.get_taps(0, len(active))
-        picks = [_pick(ctx.logits(i), s.sampling, rng) for i, s in enumerate(active)]
-        for i, s in enumerate(active):       # prefills of new prompts below overwrite the step's outputs
-            s.feats.append(rows[i])
-            s.tokens.append(picks[i])
-            if model.is_eog(picks[i]) or len(s.tokens) - s.response_start >= s.max_new:
+        rows = ctx.get_taps(0, len(active)) if settings.store_features else None
+        if rows is not None:
+            for i, s in enumerate(active):
+                s.feats.append(rows[i])
+        keep(active, ctx.logits_all(len(active)))   # before any prefill below overwrites the outputs
+        for s in active:
+            written = len(s.tokens) - s.spans[-1][0]
+            if (model.is_eog(s.tokens[-1]) or written >= s.max_new) and not end_turn(s):
                 finish(s)
-                start(s.seq)
+                if not out_of_budget():
+                    start(s.seq)
         if progress:
-            progress(writer.n_done, writer.n_tokens_written)
-    for s in list(slots.values()):      # stopped by max_tokens: keep what was generated
+            progress(writer, time.time() - t0)
+    for s in list(slots.values()):          # stopped by a budget: keep what was generated
+        s.spans[-1][1] = len(s.tokens)
         finish(s)
     writer.seconds = time.time() - t0
     ctx.close()

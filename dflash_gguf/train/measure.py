@@ -49,7 +49,8 @@ def load_eval_prompts(folder: Path, per_category: int) -> list[dict]:
 def measure_tau(drafter: Path, target: Path, prompts: list[dict], max_tokens: int = 128,
                 n_threads: int = 0) -> TauReport:
     from ..native.wrappers import Batch, Context, ContextSettings, Model  # noqa: PLC0415
-    from .harvest import format_prompt  # noqa: PLC0415
+    from ..textgen.greedy import greedy_continuation, prefill_features  # noqa: PLC0415
+    from ..textgen.prompting import format_prompt  # noqa: PLC0415
 
     tm, dm = Model(target), Model(drafter)
     taps, block, mask = dm.target_layer_ids(), dm.block_size(), dm.mask_token()
@@ -68,8 +69,8 @@ def measure_tau(drafter: Path, target: Path, prompts: list[dict], max_tokens: in
         for row in prompts:
             cat = row.get("category", "chat")
             prompt = format_prompt(tm, row)[: n_ctx // 2]
-            seq = prompt + _greedy(tm, tctx, tbatch, prompt, min(max_tokens, n_ctx - len(prompt) - block))
-            feats = _features(tctx, tbatch, taps, seq)                 # [len(seq), k*H]
+            seq = prompt + greedy_continuation(tm, tctx, tbatch, prompt, min(max_tokens, n_ctx - len(prompt) - block))
+            feats = prefill_features(tctx, tbatch, taps, seq)                 # [len(seq), k*H]
             dctx.clear()
             injected, p, n_calls = 0, len(prompt), 0                   # seq[p]: the newest token, not yet verified
             while p < len(seq) - 1:
@@ -100,34 +101,3 @@ def measure_tau(drafter: Path, target: Path, prompts: list[dict], max_tokens: in
     return TauReport({c: made[c] / calls[c] for c in calls if calls[c]}, counts,
                      [float(h / t) if t else 0.0 for h, t in zip(hits, tried)], per_prompt)
 
-
-def _greedy(model, ctx, batch, prompt: list[int], max_new: int) -> list[int]:
-    """The target's greedy continuation of `prompt` (plain decoding, no taps)."""
-    ctx.set_taps([])
-    ctx.clear()
-    for i in range(0, len(prompt), 512):
-        chunk = prompt[i:i + 512]
-        batch.set_tokens(chunk, i, "last")
-        ctx.decode(batch, "prefill")
-    out = []
-    while len(out) < max_new:
-        tok = int(np.argmax(ctx.logits(-1)))
-        out.append(tok)
-        if model.is_eog(tok):
-            break
-        batch.set_tokens([tok], len(prompt) + len(out) - 1, "last")
-        ctx.decode(batch, "decode")
-    return out
-
-
-def _features(ctx, batch, taps: list[int], seq: list[int]) -> np.ndarray:
-    """Tapped target features of every position of `seq` (one prefill pass)."""
-    ctx.set_taps(taps)
-    ctx.clear()
-    parts = []
-    for i in range(0, len(seq), 512):
-        chunk = seq[i:i + 512]
-        batch.set_tokens(chunk, i, "last")
-        ctx.decode(batch, "features")
-        parts.append(ctx.get_taps(0, len(chunk)))
-    return np.concatenate(parts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from dataclasses import asdict
@@ -54,50 +55,91 @@ def pick_mask_token(target: Path) -> int:
     return 0
 
 
+def prompts_sha256(prompts: list[dict]) -> str:
+    h = hashlib.sha256()
+    for r in prompts:
+        h.update(json.dumps(r, sort_keys=True).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def dataset_dir(target_sha: str, prompts_sha: str, seed: int) -> Path:
+    """Where the harvest of this target, prompt set and seed lives (resumed by any later run)."""
+    from ..paths import cache_root  # noqa: PLC0415
+    return cache_root() / "datasets" / f"{target_sha[:16]}-{prompts_sha[:12]}-s{seed}"
+
+
+def build_trainer(target: Path, data, settings: TrainSettings, draft_vocab: int | None = None):
+    """(Trainer, draft vocabulary or None) for `target` on a harvested dataset; the draft vocabulary, when
+    asked for, is the K tokens the target wrote most in the training sequences."""
+    from .target_weights import attention_geometry, embedding_and_head, layer_init  # noqa: PLC0415
+    geometry = attention_geometry(target)
+    config = drafter_config(geometry, data.taps, settings.n_layers, settings.block_size, pick_mask_token(target))
+    embed, head = embedding_and_head(target)
+    vocab = None
+    if draft_vocab:
+        from ..convert import draft_vocab as dv  # noqa: PLC0415
+        from ..textgen.token_counts import eog_tokens  # noqa: PLC0415
+        counts = np.bincount(data.written_tokens(data.split()[0]), minlength=embed.shape[0])
+        vocab = dv.build(target, counts, draft_vocab, eog_tokens(target))
+    init = layer_init(target, max(data.taps), settings.n_layers) if settings.init_from_target else None
+    trainer = Trainer(data, config, embed, head, settings, init,
+                      draft_vocab=vocab.token_ids if vocab is not None else None)
+    trainer.arch = geometry["arch"]
+    return trainer, vocab
+
+
+def export(trainer: Trainer, target: Path, out: Path, record: dict, vocab=None, *, outtype: str = "q8_0",
+           force: bool = True) -> None:
+    """The drafter as a validated `dflash` GGUF, with the training record in its dflash_gguf.train.* keys."""
+    from ..convert.writer import write_dflash_gguf  # noqa: PLC0415
+    meta = {f"dflash_gguf.train.{k}": (json.dumps(v) if isinstance(v, (dict, list)) else v)
+            for k, v in record.items() if v is not None}
+    write_dflash_gguf(trainer.state_numpy(), trainer.config, target, out, outtype=outtype, extra_metadata=meta,
+                      force=force, name=f"{trainer.arch}-dflash-drafter", source="trained drafter", draft_vocab=vocab)
+
+
 def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, *, taps: list[int],
                   harvest_settings: HarvestSettings, train_settings: TrainSettings, max_tokens: int | None,
                   outtype: str = "q8_0", resume: bool = False, force: bool = False, data_note: str = "",
-                  progress: bool = True, draft_vocab: int | None = None) -> dict:
-    from ..convert.writer import write_dflash_gguf  # noqa: PLC0415
+                  progress: bool = True, draft_vocab: int | None = None, data_dir: Path | None = None,
+                  harvest_seconds: float | None = None) -> dict:
+    """Harvest (resuming what `data_dir` holds), train (resuming the checkpoint in `work_dir` if `resume`),
+    export. The draft vocabulary, when asked for, is counted on the harvested data before training, and
+    the loss is taken over exactly those tokens, as the drafter will propose them."""
     from .dataset import FeatureDataset  # noqa: PLC0415
-    from .target_weights import attention_geometry, embedding_and_head, layer_init  # noqa: PLC0415
 
     if out.exists() and not force:
         raise UserError(f"{out} exists; pass --force to overwrite it")
-    geometry = attention_geometry(target)
-    data_dir = work_dir / "data"
-    if not (data_dir / "index.jsonl").exists() or resume:
-        print(f"harvesting training data from {target.name} into {data_dir}", file=sys.stderr)
-        harvest(target, prompts, data_dir, harvest_settings, max_tokens=max_tokens)
+    target_sha = file_sha256(target)
+    data_dir = data_dir or work_dir / "data"
+    print(f"harvesting training data from {target.name} into {data_dir}", file=sys.stderr)
+    harvest(target, prompts, data_dir, harvest_settings, max_tokens=max_tokens, max_seconds=harvest_seconds,
+            meta_extra={"target_sha256": target_sha, "prompts_sha256": prompts_sha256(prompts)})
     data = FeatureDataset(data_dir)
     if data.taps != taps:
-        raise UserError(f"{data_dir} was harvested for taps {data.taps}, not {taps}; use another --work-dir")
-    config = drafter_config(geometry, taps, train_settings.n_layers, train_settings.block_size, pick_mask_token(target))
-    embed, head = embedding_and_head(target)
-    init = layer_init(target, max(taps), train_settings.n_layers) if train_settings.init_from_target else None
-    trainer = Trainer(data, config, embed, head, train_settings, init)
+        raise UserError(f"{data_dir} was harvested for taps {data.taps}, not {taps}; use another --data-dir")
+    trainer, vocab = build_trainer(target, data, train_settings, draft_vocab)
     ckpt_dir = work_dir / "checkpoint"
     if resume and (ckpt_dir / "ckpt.pt").exists():
         trainer.resume(ckpt_dir)
-        print(f"resumed at step {trainer.step}/{trainer.total_steps}", file=sys.stderr)
+        print(f"resumed at {trainer.rows_seen:,} of {trainer.total_rows:,} labelled rows", file=sys.stderr)
     result = trainer.train(ckpt_dir, progress=progress)
     train_ids, val_ids = data.split()
-    record = {"target": target.name, "target_sha256": file_sha256(target), "taps": taps,
+    record = {"target": target.name, "target_sha256": target_sha, "taps": taps,
               "train_settings": asdict(train_settings), "harvest_settings": asdict(harvest_settings),
-              "sequences": len(data.index), "train_sequences": len(train_ids), "val_sequences": len(val_ids),
-              "response_tokens": data.n_tokens(train_ids), "steps": trainer.step,
+              "dataset": data_dir.name, "sequences": len(data.index), "train_sequences": len(train_ids),
+              "val_sequences": len(val_ids), "response_tokens": data.n_tokens(train_ids), "steps": trainer.step,
+              "labelled_rows": trainer.rows_seen, "train_seconds": round(trainer.seconds_before, 1),
+              "rows_per_second": round(trainer.rows_seen / max(trainer.seconds_before, 1e-9), 1),
+              "precision": str(trainer.autocast or "float32").removeprefix("torch."),
               "val_loss": result.loss, "val_tau_estimate": result.tau,
               "val_slot_accept": result.slot_accept, "data": data_note}
-    vocab = None
-    if draft_vocab:                 # the tokens the target wrote and read most in the training data
+    if vocab is not None:
         from ..convert import draft_vocab as dv  # noqa: PLC0415
-        from ..convert.token_counts import eog_tokens  # noqa: PLC0415
-        counts = np.bincount(np.asarray(data.tokens), minlength=embed.shape[0])
-        vocab = dv.build(target, counts, draft_vocab, eog_tokens(target))
+        counts = np.bincount(data.written_tokens(), minlength=trainer.n_vocab)
         record["draft_vocab"] = {"size": vocab.size, "coverage_of_training_tokens": dv.coverage(vocab.token_ids, counts)}
-    meta = {f"dflash_gguf.train.{k}": (json.dumps(v) if isinstance(v, (dict, list)) else v)
-            for k, v in record.items() if v is not None}
-    write_dflash_gguf(trainer.state_numpy(), config, target, out, outtype=outtype, extra_metadata=meta, force=force,
-                      name=f"{geometry['arch']}-dflash-drafter", source="trained drafter", draft_vocab=vocab)
+    export(trainer, target, out, record, vocab, outtype=outtype, force=force)
+    work_dir.mkdir(parents=True, exist_ok=True)
     (work_dir / "train-record.json").write_text(json.dumps(record, indent=2))
     return record

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ast
+import gzip
 import json
 import random
 import sysconfig
@@ -121,4 +122,6 @@ def build(n_code: int, n_math: int, n_chat: int, seed: int) -> list[dict]:
 
 
 def load(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """Rows of a JSONL prompt file (gzip-compressed when its name ends in .gz)."""
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    return [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]

@@ -1,12 +1,16 @@
 """The DFlash training objective and loop (dflash-spec.md §3.1), on CPU or CUDA.
 
 Loss: cross-entropy of block slot k (k ≥ 1) against the target's token at anchor+k, weighted
-exp(-(k-1)/γ) — early slots matter most, since a rejection ends the accepted run.
-The target's token embedding and LM head are frozen; only the drafter learns.
+exp(-(k-1)/γ) — early slots matter most, since a rejection ends the accepted run. With `distill` > 0,
+that share of the loss is the cross-entropy against the target's own top-K distribution at the same
+position (kept at harvest time) instead of its one token.
+The target's token embedding and LM head are frozen; only the drafter learns. Training is scheduled by
+labelled rows seen (block rows with a label), so a run can stop and resume anywhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -17,6 +21,7 @@ import numpy as np
 
 from ..drafter.config import DrafterConfig
 from .dataset import FeatureDataset, PackedBlocks
+from .precision import autocast_dtype_name
 
 
 @dataclass
@@ -28,21 +33,22 @@ class TrainSettings:
     seqs_per_step: int = 4
     lr: float = 6e-4
     weight_decay: float = 0.01
-    warmup: float = 0.04
+    warmup: float = 0.04                # share of the rows budget
     grad_clip: float = 1.0
-    epochs: float = 1.0
-    max_steps: int | None = None
-    max_seconds: float | None = None
+    epochs: float = 1.0                 # rows budget, when `rows` is not set: epochs x written tokens x (B-1)
+    rows: int | None = None             # labelled rows to train on (the schedule runs over them)
+    max_seconds: float | None = None    # stop early (the schedule does not change)
     eval_every: int = 100
     eval_seqs: int = 64                 # validation sequences per evaluation (32 anchors each)
-    ckpt_every: int = 100
+    ckpt_minutes: float = 5.0
     seed: int = 0
     device: str = "cpu"
+    precision: str = "auto"             # auto | fp32 | bf16 (auto: bf16 only where the hardware has it)
     init_from_target: bool = True       # start the draft layers from the target's last layers
-    # None: softmax over the whole vocabulary. N: over the tokens present in the data plus N others drawn
-    # afresh each step (the frozen LM head is most of the FLOPs; on CPU this makes a step ~5x cheaper).
-    # Validation always uses the whole vocabulary.
+    # None: softmax over the whole vocabulary (or the draft vocabulary, when one is given). N: over the tokens
+    # in the data plus N others drawn afresh each step (the frozen LM head is most of the FLOPs on CPU).
     loss_vocab_extra: int | None = None
+    distill: float = 0.0                # share of the loss against the target's top-K distribution
     grow_data: bool = False             # re-read the dataset after each pass (a harvest is still writing it)
     extra: dict = field(default_factory=dict)
 
@@ -71,7 +77,9 @@ def slot_weights(block_size: int, gamma: float) -> np.ndarray:
 
 class Trainer:
     def __init__(self, data: FeatureDataset, config: DrafterConfig, embed: np.ndarray, head: np.ndarray,
-                 settings: TrainSettings, target_layers: dict | None = None):
+                 settings: TrainSettings, target_layers: dict | None = None, draft_vocab: np.ndarray | None = None):
+        """draft_vocab: sorted token ids the drafter may propose (its reduced head); the loss and the
+        validation then use exactly those, as inference will."""
         import torch  # noqa: PLC0415
 
         from ..drafter.torch_ref import DFlashDrafter  # noqa: PLC0415
@@ -80,22 +88,32 @@ class Trainer:
         self.data, self.config, self.s = data, config, settings
         self.device = torch.device(settings.device)
         self.embed = torch.tensor(embed, dtype=torch.float32, device=self.device)      # [V, H] frozen
-        self.head = torch.tensor(head, dtype=torch.float32, device=self.device)        # [V, H] frozen
+        self.draft_vocab = None if draft_vocab is None else torch.as_tensor(np.asarray(draft_vocab, np.int64),
+                                                                             device=self.device)
+        rows = head if draft_vocab is None else head[np.asarray(draft_vocab)]
+        self.head = torch.tensor(rows, dtype=torch.float32, device=self.device)        # [V', H] frozen
+        self.n_vocab = head.shape[0]
         self.model = DFlashDrafter(config).to(self.device)
         if settings.init_from_target and target_layers:
             self._init_from_target(target_layers)
         self.weights = torch.tensor(slot_weights(config.block_size, settings.gamma_value()), dtype=torch.float32,
                                     device=self.device)
+        precision = None if settings.precision == "auto" else settings.precision
+        cuda_bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        name = autocast_dtype_name(self.device.type, cuda_bf16=cuda_bf16, override=precision)
+        self.autocast = getattr(torch, name) if name else None
         self.train_ids, self.val_ids = data.split()
         self.rng = np.random.default_rng(settings.seed)
-        n_batches = math.ceil(len(self.train_ids) * settings.epochs / settings.seqs_per_step)
-        self.total_steps = min(n_batches, settings.max_steps or n_batches)
+        written = data.n_tokens(self.train_ids)
+        self.total_rows = settings.rows or int(settings.epochs * written * (config.block_size - 1))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay,
                                      betas=(0.9, 0.95))
         self.step = 0
+        self.rows_seen = 0
         self.seconds_before = 0.0           # training time spent before a resume
         self.history: list[dict] = []
-        self.data_vocab = data.vocabulary() if settings.loss_vocab_extra is not None else None
+        use_extra = settings.loss_vocab_extra is not None and draft_vocab is None
+        self.data_vocab = data.vocabulary() if use_extra else None
 
     def _init_from_target(self, layers: dict) -> None:
         """Draft layers start as copies of the target's last layers; fc starts by passing the deepest tap."""
@@ -112,9 +130,16 @@ class Trainer:
         self.model.load_state_dict(sd)
 
     # -- objective ----------------------------------------------------------------------------
+    def _columns(self, ids, vocab):
+        """Positions of token `ids` among the loss columns `vocab` (sorted), -100 where absent."""
+        torch = self.torch
+        pos = torch.searchsorted(vocab, ids.clamp(min=0)).clamp(max=len(vocab) - 1)
+        return torch.where((vocab[pos] == ids) & (ids >= 0), pos, torch.full_like(pos, -100))
+
     def forward(self, pb: PackedBlocks, vocab: np.ndarray | None = None):
-        """Logits [R, V'] of the rows with labels (slots ≥ 1), their labels and slots; V' = `vocab` ids
-        (sorted, containing every label) or the whole vocabulary."""
+        """Logits [R, V'] of the rows with labels (slots ≥ 1), their labels as column indices (-100: a token
+        outside the columns) and slots. Columns: the draft vocabulary if the trainer has one, else `vocab`
+        ids (sorted, containing every label) or the whole vocabulary."""
         torch = self.torch
         dev = self.device
         emb = self.embed[torch.as_tensor(pb.block_tokens, device=dev)][None]                 # [1, S, H]
@@ -124,7 +149,10 @@ class Trainer:
                             torch.arange(C, device=dev)[None], torch.as_tensor(pb.mask, device=dev)[None])
         rows = torch.as_tensor(pb.slot > 0, device=dev)
         labels = torch.as_tensor(pb.labels, device=dev)[rows]
-        if vocab is None:
+        if self.draft_vocab is not None:
+            logits = hidden[0][rows] @ self.head.t()                                          # [R, K]
+            labels = self._columns(labels, self.draft_vocab)
+        elif vocab is None:
             logits = hidden[0][rows] @ self.head.t()                                          # [R, V]
         else:
             ids = torch.as_tensor(vocab, device=dev)
@@ -133,67 +161,105 @@ class Trainer:
         slots = torch.as_tensor(pb.slot, device=dev)[rows]
         return logits, labels, slots
 
-    def loss(self, logits, labels, slots):
+    def teacher(self, pb: PackedBlocks, vocab: np.ndarray | None = None):
+        """[R, V'] soft targets: the target's top-K probabilities at each labelled row, renormalised over the
+        loss columns; None where the dataset kept no probabilities."""
         torch = self.torch
-        ce = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="none")
-        w = self.weights[slots]
-        return (ce * w).sum() / w.sum()
+        if pb.teacher_ids is None:
+            return None
+        rows = pb.slot > 0
+        ids = torch.as_tensor(pb.teacher_ids[rows], device=self.device).long()              # [R, K]
+        p = torch.as_tensor(pb.teacher_p[rows], device=self.device)
+        columns = self.draft_vocab if self.draft_vocab is not None else (
+            torch.as_tensor(vocab, device=self.device) if vocab is not None else None)
+        if columns is None:
+            cols = torch.where(ids >= 0, ids, torch.full_like(ids, -100))
+            width = self.n_vocab
+        else:
+            cols = self._columns(ids, columns)
+            width = len(columns)
+        p = torch.where(cols >= 0, p, torch.zeros_like(p))
+        target = torch.zeros(len(ids), width + 1, device=self.device)
+        target.scatter_add_(1, torch.where(cols >= 0, cols, torch.full_like(cols, width)), p)
+        target = target[:, :width]
+        return target / target.sum(1, keepdim=True).clamp(min=1e-6)
+
+    def loss(self, logits, labels, slots, soft=None):
+        torch = self.torch
+        known = labels >= 0                          # a label outside the columns can never be proposed
+        w = self.weights[slots] * known
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        hard = -logp.gather(1, labels.clamp(min=0)[:, None])[:, 0]
+        per_row = hard
+        if soft is not None and self.s.distill > 0:
+            per_row = (1 - self.s.distill) * hard + self.s.distill * -(soft * logp).sum(-1)
+        return (per_row * w).sum() / w.sum().clamp(min=1e-6)
 
     # -- loop -----------------------------------------------------------------------------------
-    def lr_at(self, step: int, seconds: float = 0.0) -> float:
-        """Linear warm-up, then cosine to zero at the last step — or at max_seconds, if that comes first."""
-        warm = max(1, int(self.s.warmup * self.total_steps))
-        if step < warm:
-            return self.s.lr * (step + 1) / warm
-        progress = (step - warm) / max(1, self.total_steps - warm)
-        if self.s.max_seconds:
-            progress = max(progress, seconds / self.s.max_seconds)
+    def lr_at(self, rows_seen: int) -> float:
+        """Linear warm-up, then cosine to zero at the end of the rows budget."""
+        warm = max(1, int(self.s.warmup * self.total_rows))
+        if rows_seen < warm:
+            return self.s.lr * (rows_seen + 1) / warm
+        progress = (rows_seen - warm) / max(1, self.total_rows - warm)
         return self.s.lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+    def _precision(self):
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return self.torch.autocast(self.device.type, dtype=self.autocast)
 
     def _loss_vocab(self) -> np.ndarray | None:
         if self.data_vocab is None:
             return None
-        extra = self.rng.choice(self.head.shape[0], size=min(self.s.loss_vocab_extra, self.head.shape[0]),
-                                replace=False)
+        extra = self.rng.choice(self.n_vocab, size=min(self.s.loss_vocab_extra, self.n_vocab), replace=False)
         return np.union1d(self.data_vocab, extra)
 
     def train(self, out_dir: Path, progress: bool = True) -> EvalResult:
         torch = self.torch
         from tqdm import tqdm  # noqa: PLC0415
         t0 = time.time() - self.seconds_before
+        last_ckpt = time.time()
         order = self._order()
-        bar = tqdm(total=self.total_steps, initial=self.step, disable=not progress, desc="train", unit="step")
+        bar = tqdm(total=self.total_rows, initial=self.rows_seen, disable=not progress, desc="train", unit="row",
+                   unit_scale=True)
         last_eval = None
-        while self.step < self.total_steps:
+        while self.rows_seen < self.total_rows:
             if self.s.max_seconds and time.time() - t0 > self.s.max_seconds:
                 break
-            lr = self.lr_at(self.step, time.time() - t0)
+            lr = self.lr_at(self.rows_seen)
             for group in self.opt.param_groups:
                 group["lr"] = lr
-            total = 0.0
+            total, rows = 0.0, 0
             packs = [self._next_blocks(order) for _ in range(self.s.seqs_per_step)]
             vocab = self._loss_vocab()          # after the packs: a data refresh may have brought new tokens
             for pb in packs:
-                with torch.autocast(self.device.type, dtype=torch.bfloat16):
-                    loss = self.loss(*self.forward(pb, vocab)) / self.s.seqs_per_step
+                with self._precision():
+                    out = self.forward(pb, vocab)
+                    loss = self.loss(*out, self.teacher(pb, vocab) if self.s.distill else None) / self.s.seqs_per_step
                 loss.backward()
                 total += loss.item()
+                rows += int((pb.slot > 0).sum())
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.grad_clip)
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
             self.step += 1
+            self.rows_seen += rows
             self.seconds_before = time.time() - t0
-            rec = {"step": self.step, "loss": total, "lr": lr, "seconds": self.seconds_before,
+            rec = {"step": self.step, "rows": self.rows_seen, "loss": total, "lr": lr,
+                   "seconds": self.seconds_before, "rows_per_s": self.rows_seen / max(self.seconds_before, 1e-9),
                    "train_sequences": len(self.train_ids)}
-            if self.step % self.s.eval_every == 0 or self.step == self.total_steps:
+            if self.step % self.s.eval_every == 0 or self.rows_seen >= self.total_rows:
                 last_eval = self.evaluate(self.s.eval_seqs)
                 rec |= {"val_loss": last_eval.loss, "val_tau": last_eval.tau,
                         "val_slot_accept": [round(x, 3) for x in last_eval.slot_accept]}
-            if self.step % self.s.ckpt_every == 0:
-                self.save(out_dir)
             self.history.append(rec)
-            bar.set_postfix(loss=f"{total:.3f}", tau=f"{last_eval.tau:.2f}" if last_eval else "-")
-            bar.update(1)
+            if time.time() - last_ckpt > self.s.ckpt_minutes * 60:
+                self.save(out_dir)
+                last_ckpt = time.time()
+            bar.set_postfix(loss=f"{total:.3f}", tau=f"{last_eval.tau:.2f}" if last_eval else "-",
+                            rows_s=f"{rec['rows_per_s']:.0f}")
+            bar.update(rows)
         bar.close()
         self.save(out_dir)
         return self.evaluate() if last_eval is None or self.history[-1].get("val_tau") is None else last_eval
@@ -217,6 +283,7 @@ class Trainer:
                 return pb
 
     def evaluate(self, max_seqs: int = 64) -> EvalResult:
+        """Loss and greedy acceptance on held-out sequences, over the columns inference proposes from."""
         torch = self.torch
         rng = np.random.default_rng(1234)
         B = self.config.block_size
@@ -246,9 +313,9 @@ class Trainer:
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp = out_dir / "ckpt.pt.tmp"
         torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+                    "rows_seen": self.rows_seen, "total_rows": self.total_rows,
                     "rng": self.rng.bit_generator.state, "settings": asdict(self.s),
-                    "seconds": self.seconds_before,
-                    "config": self.config.to_json()}, tmp)
+                    "seconds": self.seconds_before, "config": self.config.to_json()}, tmp)
         tmp.replace(out_dir / "ckpt.pt")
         (out_dir / "history.json").write_text(json.dumps(self.history))
 
@@ -258,6 +325,7 @@ class Trainer:
         self.model.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["opt"])
         self.step = ck["step"]
+        self.rows_seen = ck.get("rows_seen", 0)
         self.seconds_before = ck.get("seconds", 0.0)
         self.rng.bit_generator.state = ck["rng"]
         hist = out_dir / "history.json"

@@ -30,8 +30,8 @@ def count_target_tokens(target: Path, rows: list[dict], max_new: int = 128, seco
     """Counts [n_vocab] of the tokens in the target's greedy responses to `rows` (or as many as `seconds`
     allow), and the target's end-of-generation token ids (a draft vocabulary always keeps them)."""
     from ..native.wrappers import Batch, Context, ContextSettings, Model  # noqa: PLC0415
-    from ..train.harvest import format_prompt  # noqa: PLC0415
-    from ..train.measure import _greedy  # noqa: PLC0415
+    from .greedy import greedy_continuation  # noqa: PLC0415
+    from .prompting import format_prompt  # noqa: PLC0415
     model = Model(target)
     ctx = Context(model, ContextSettings(n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=n_threads))
     batch = Batch(model.native, 512)
@@ -42,7 +42,7 @@ def count_target_tokens(target: Path, rows: list[dict], max_new: int = 128, seco
         for row in rows:
             if seconds is not None and time.monotonic() - t0 > seconds:
                 break
-            out = _greedy(model, ctx, batch, format_prompt(model, row)[:1024 - max_new], max_new)
+            out = greedy_continuation(model, ctx, batch, format_prompt(model, row)[:1024 - max_new], max_new)
             np.add.at(counts, out, 1)
             done += 1
     finally:
@@ -56,7 +56,7 @@ def count_target_tokens(target: Path, rows: list[dict], max_new: int = 128, seco
 def counted_draft_vocab(target: Path, k: int, prompt_files: list[Path], n_prompts: int,
                         seconds: float | None = None, n_threads: int = 0):
     """The `k`-token draft vocabulary of `target`, counted on its responses to `n_prompts` prompts."""
-    from . import draft_vocab as dv  # noqa: PLC0415
+    from ..convert import draft_vocab as dv  # noqa: PLC0415
     counts, eog = count_target_tokens(target, load_prompt_rows(prompt_files)[:n_prompts], seconds=seconds,
                                       n_threads=n_threads)
     vocab = dv.build(target, counts, k, eog)

@@ -1,0 +1,84 @@
+"""What more compute buys: τ against labelled rows trained, fitted as τ = a + b·log10(rows), and the rows
+(hence hours at a measured rows/s) that the fit says reach a given τ. An extrapolation, labelled as one."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .dataset import FeatureDataset
+
+
+class SubsetDataset(FeatureDataset):
+    """The same folder, training on the given sequences only (validation stays the whole held-out set)."""
+
+    def __init__(self, root: Path, keep):
+        self._keep = keep
+        super().__init__(root)
+
+    def split(self, every: int = 20) -> tuple[list[int], list[int]]:
+        train, val = super().split(every)
+        return [i for i in train if self._keep(i, self.index[i])], val
+
+
+def fit_log_linear(rows: list[float], tau: list[float]) -> tuple[float, float]:
+    """(a, b) of the least-squares line τ = a + b·log10(rows)."""
+    b, a = np.polyfit(np.log10(np.asarray(rows, float)), np.asarray(tau, float), 1)
+    return float(a), float(b)
+
+
+def rows_for_tau(a: float, b: float, tau: float) -> float | None:
+    """Rows at which the fitted line reaches τ; None if it never rises."""
+    if b <= 0:
+        return None
+    return 10 ** ((tau - a) / b)
+
+
+def extrapolate(points: list[dict], rows_per_s: float, taus=(3.0, 4.0, 5.0)) -> dict:
+    """From points {rows, tau}: the fit and, per τ, rows and CPU hours at `rows_per_s`."""
+    a, b = fit_log_linear([p["rows"] for p in points], [p["tau"] for p in points])
+    out = {"fit": {"a": round(a, 4), "b_per_decade": round(b, 4)}, "rows_per_s": round(rows_per_s, 1), "reach": {}}
+    for t in taus:
+        r = rows_for_tau(a, b, t)
+        out["reach"][str(t)] = None if r is None or not math.isfinite(r) else {
+            "rows": float(f"{r:.3g}"), "cpu_hours": float(f"{r / rows_per_s / 3600:.3g}")}
+    return out
+
+
+def plot_curve(report: dict, out: Path) -> Path:
+    import matplotlib  # noqa: PLC0415
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+    ax = axes[0]
+    pts = [p for p in report["points"] if p["series"] == "compute"]
+    xs = [p["rows"] for p in pts]
+    for key, label, style in (("tau", "engine τ (shared prompts)", "o-"), ("val_tau", "validation τ", "s--")):
+        ax.plot(xs, [p[key] for p in pts], style, label=label)
+    for cat, marker in (("code", "^"), ("math", "v"), ("chat", "d")):
+        ax.plot(xs, [p["tau_by_category"].get(cat, math.nan) for p in pts], marker, alpha=0.6, label=f"engine τ {cat}")
+    fit = report["extrapolation"]["fit"]
+    grid = np.logspace(math.log10(min(xs)), math.log10(max(xs)) + 1.5, 50)
+    ax.plot(grid, fit["a"] + fit["b_per_decade"] * np.log10(grid), ":", color="gray", label="fit (extrapolated)")
+    ax.set_xscale("log")
+    ax.set_xlabel("labelled rows trained")
+    ax.set_ylabel("τ (tokens per target call, block 8)")
+    ax.set_title("τ vs training compute")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    others = [p for p in report["points"] if p["series"] != "compute"]
+    names = [f"{p['series']}\n{p['label']}" for p in others]
+    ax.bar(range(len(others)), [p["tau"] for p in others], label="engine τ")
+    ax.plot(range(len(others)), [p["val_tau"] for p in others], "s", color="C1", label="validation τ")
+    ax.set_xticks(range(len(others)), names, fontsize=8)
+    ax.set_ylabel("τ")
+    ax.set_title("same compute: data size and prompt diversity")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
