@@ -199,3 +199,18 @@ def test_the_overlap_filter_finds_an_evaluation_prompt_inside_other_text():
     assert filt.overlaps("Please help: " + evals[3][:200] + " Thanks.")
     assert filt.overlaps(evals[-1].upper())
     assert not filt.overlaps("How do I use the tar command to unpack an archive into another folder?")
+
+
+def test_two_writers_on_one_folder_interleave_without_overlap(tmp_path):
+    meta = {"target": "t.gguf", "taps": TAPS, "n_embd": H, "store_features": True, "top_k_probs": 0}
+    a, b = DatasetWriter(tmp_path, meta), DatasetWriter(tmp_path, meta)      # two harvest shards
+    for i in range(6):
+        w, n = (a, 10 + i) if i % 2 == 0 else (b, 7 + i)
+        w.add(list(range(n)), [[2, n]], {}, prompt_index=i, sampled=False,
+              feats=np.full((n, len(TAPS) * H), i, np.float32))
+    data = FeatureDataset(tmp_path)
+    assert [r["prompt_index"] for r in data.index] == list(range(6))
+    for i, r in enumerate(data.index):
+        assert data.tokens[r["offset"]:r["offset"] + r["length"]].tolist() == list(range(r["length"]))
+        assert (np.asarray(data.feats[r["offset"]:r["offset"] + r["length"]]) == i).all()
+    assert DatasetWriter(tmp_path, meta).done == set(range(6))

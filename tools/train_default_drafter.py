@@ -47,6 +47,8 @@ ap.add_argument("--out", type=Path, default=OUT)
 ap.add_argument("--eval-prompts", type=int, default=10, help="prompts per category for the τ measurement (0: skip)")
 ap.add_argument("--resume", action="store_true", help="continue training from the checkpoint in --work-dir")
 ap.add_argument("--harvest-only", action="store_true", help="only (continue to) harvest, then stop")
+ap.add_argument("--shard", default="0/1", help="I/N: harvest every N-th prompt from the I-th (run N processes "
+                "with --threads 1 side by side; they append to the same dataset)")
 ap.add_argument("--manifest", action="store_true", help="record the result in dflash_gguf/assets/drafters.json")
 a = ap.parse_args()
 
@@ -65,7 +67,8 @@ train = TrainSettings(n_layers=2, block_size=8, rows=a.rows, lr=8e-4, warmup=0.0
                       eval_every=200, eval_seqs=48, ckpt_minutes=5.0, distill=a.distill)
 if a.harvest_only:
     from dflash_gguf.train.harvest import harvest as run_harvest  # noqa: E402
-    w = run_harvest(target, prompts, data, harvest, max_tokens=a.tokens,
+    shard = tuple(int(x) for x in a.shard.split("/"))
+    w = run_harvest(target, prompts, data, harvest, max_tokens=a.tokens, shard=shard,
                     max_seconds=a.harvest_minutes * 60 if a.harvest_minutes else None,
                     meta_extra={"target_sha256": file_sha256(target), "prompts_sha256": prompts_sha256(prompts)})
     print(json.dumps({"data_dir": str(data), "sequences": len(w.done), "tokens": w.offset,

@@ -55,6 +55,10 @@ def register(app: typer.Typer) -> None:
         draft_vocab: Optional[int] = typer.Option(
             None, "--draft-vocab", help="propose only the K tokens most frequent in the training data "
                                         "(own head rows + d2t: a cheaper draft step, still lossless)"),
+        import_tokens: Optional[Path] = typer.Option(None, "--import-tokens", help="token data harvested elsewhere "
+                                                     "(gpu-harvest-tokens.npz): features are recomputed here"),
+        init_drafter: Optional[Path] = typer.Option(None, "--init-drafter", help="start from this drafter GGUF's "
+                                                    "weights (e.g. trained on a GPU) and keep training"),
         threads: int = typer.Option(0, "-t", "--threads", help="CPU threads for harvest and training (0: all)"),
         force: bool = typer.Option(False, "--force"),
     ):
@@ -93,6 +97,12 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"-m {model}: not a readable GGUF target ({type(e).__name__}: {e})") from None
         tap_ids = parse_taps(taps, geometry["n_layer"])
         data = data_dir or dataset_dir(sha256_file(model), prompts_sha256(rows_in), seed)
+        if import_tokens is not None:
+            if not import_tokens.is_file():
+                raise UserError(f"--import-tokens {import_tokens}: no such file")
+            from .refeature import import_tokens as rebuild
+            data = data.with_name(data.name + "-imported")
+            rebuild(import_tokens, model, data, n_threads=threads)
         work = resume or work_dir or cache_root() / "train" / f"{out.stem}-{data.name}"
         if loss_vocab_extra is None:
             loss_vocab_extra = 2048 if device == "cpu" else -1
@@ -104,13 +114,14 @@ def register(app: typer.Typer) -> None:
                                  max_seconds=max_minutes * 60 if max_minutes else None,
                                  loss_vocab_extra=None if loss_vocab_extra < 0 else loss_vocab_extra)
         harvest_settings = HarvestSettings(taps=tap_ids, seed=seed, n_threads=threads, n_parallel=parallel,
-                                           n_gpu_layers=ngl)
+                                           n_gpu_layers=ngl, top_k_probs=0 if import_tokens else 8)
         record = train_drafter(model, out, rows_in, work, taps=tap_ids, harvest_settings=harvest_settings,
                                train_settings=settings, max_tokens=tokens or None, outtype=outtype,
                                resume=resume is not None, force=force,
                                data_note=", ".join(str(p) for p in (prompts or [DEFAULT_PROMPTS])),
                                draft_vocab=draft_vocab, data_dir=data,
-                               harvest_seconds=harvest_minutes * 60 if harvest_minutes else None)
+                               harvest_seconds=harvest_minutes * 60 if harvest_minutes else None,
+                               init_drafter=init_drafter)
         typer.echo(f"{out}: validation τ estimate {record['val_tau_estimate']:.2f} "
                    f"(slot acceptance {', '.join(f'{x:.2f}' for x in record['val_slot_accept'])}); "
                    f"{record['labelled_rows']:,} labelled rows at {record['rows_per_second']:.0f} rows/s "

@@ -17,6 +17,7 @@ Layout of a dataset folder (append-only; a harvest resumes where it stopped):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -63,7 +64,8 @@ class _Slot:
 
 
 class DatasetWriter:
-    """Appends sequences to a dataset folder; refuses a folder made for another target, prompt set or taps."""
+    """Appends sequences to a dataset folder; refuses a folder made for another target, prompt set or taps.
+    Several harvest processes (shards) may append to one folder: each sequence is written under a file lock."""
 
     KEYS = ("target_sha256", "prompts_sha256", "seed", "taps", "store_features", "top_k_probs")
 
@@ -80,10 +82,11 @@ class DatasetWriter:
             meta_path.write_text(json.dumps(meta, indent=2))
         self.meta = meta
         self.index = out / "index.jsonl"
-        rows = [json.loads(x) for x in self.index.read_text().splitlines() if x.strip()] if self.index.exists() else []
-        self.done = {r.get("prompt_index", i) for i, r in enumerate(rows)}
-        self.offset = rows[-1]["offset"] + rows[-1]["length"] if rows else 0
-        self._truncate_tails()
+        with self._locked():
+            rows = self._rows()
+            self.done = {r.get("prompt_index", i) for i, r in enumerate(rows)}
+            self.offset = rows[-1]["offset"] + rows[-1]["length"] if rows else 0
+            self._truncate_tails()
         self.n_tokens_written = 0
         self.n_response_written = 0
 
@@ -97,6 +100,19 @@ class DatasetWriter:
                 with open(path, "r+b") as f:
                     f.truncate(self.offset * w)
 
+    def _rows(self) -> list[dict]:
+        return [json.loads(x) for x in self.index.read_text().splitlines() if x.strip()] if self.index.exists() else []
+
+    @contextlib.contextmanager
+    def _locked(self):
+        import fcntl  # noqa: PLC0415
+        with open(self.out / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
     def _append(self, name: str, arr: np.ndarray) -> None:
         with open(self.out / name, "ab") as f:
             f.write(arr.tobytes())
@@ -109,6 +125,15 @@ class DatasetWriter:
         n = len(tokens)
         if (feats is None) == bool(self.meta["store_features"]) or (topk_ids is None) == bool(self.meta["top_k_probs"]):
             raise ValueError("features / top-k probabilities do not match what this dataset keeps")
+        with self._locked():
+            self.offset = (self.out / "tokens.bin").stat().st_size // 4 if (self.out / "tokens.bin").exists() else 0
+            self._write(tokens, spans, row, prompt_index, sampled, feats, topk_ids, topk_p)
+        self.done.add(prompt_index)
+        self.n_tokens_written += n
+        self.n_response_written += sum(e - s for s, e in spans)
+
+    def _write(self, tokens, spans, row, prompt_index, sampled, feats, topk_ids, topk_p) -> None:
+        n = len(tokens)
         self._append("tokens.bin", np.asarray(tokens, dtype=np.int32))
         if feats is not None:
             assert feats.shape[0] == n
@@ -123,9 +148,6 @@ class DatasetWriter:
         with open(self.index, "a") as f:
             f.write(json.dumps(rec) + "\n")
         self.offset += n
-        self.done.add(prompt_index)
-        self.n_tokens_written += n
-        self.n_response_written += sum(e - s for s, e in spans)
 
 
 def top_k_probs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -140,9 +162,12 @@ def top_k_probs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 def harvest(target_path: Path, prompts: list[dict], out: Path, settings: HarvestSettings,
             max_tokens: int | None = None, max_seconds: float | None = None, meta_extra: dict | None = None,
-            progress: Callable[["DatasetWriter", float], None] | None = None) -> DatasetWriter:
+            progress: Callable[["DatasetWriter", float], None] | None = None,
+            shard: tuple[int, int] = (0, 1)) -> DatasetWriter:
     """Generate responses for `prompts` (skipping those already in `out`) until all are done, the dataset
-    holds max_tokens tokens or max_seconds have passed (sequences in flight are then kept as they are)."""
+    holds max_tokens tokens or max_seconds have passed (sequences in flight are then kept as they are).
+    shard (i, n): this process takes the prompts whose index is i mod n (n single-threaded processes beat
+    one n-threaded one on a busy machine: ggml's threads wait for each other at every op)."""
     from ..native.wrappers import Batch, Context, ContextSettings, Model  # noqa: PLC0415
 
     model = Model(target_path, n_gpu_layers=settings.n_gpu_layers)
@@ -156,7 +181,7 @@ def harvest(target_path: Path, prompts: list[dict], out: Path, settings: Harvest
     ctx.set_taps(settings.taps)
     width = len(settings.taps) * model.n_embd
     batch = Batch(model.native, max(512, n_par))
-    queue = [(i, r) for i, r in enumerate(prompts) if i not in writer.done]
+    queue = [(i, r) for i, r in enumerate(prompts) if i not in writer.done and i % shard[1] == shard[0]]
     queue.reverse()                       # pop() from the end takes them in order
     slots: dict[int, _Slot] = {}
     t0 = time.time()

@@ -69,9 +69,11 @@ def dataset_dir(target_sha: str, prompts_sha: str, seed: int) -> Path:
     return cache_root() / "datasets" / f"{target_sha[:16]}-{prompts_sha[:12]}-s{seed}"
 
 
-def build_trainer(target: Path, data, settings: TrainSettings, draft_vocab: int | None = None):
+def build_trainer(target: Path, data, settings: TrainSettings, draft_vocab: int | None = None,
+                  init_drafter: Path | None = None):
     """(Trainer, draft vocabulary or None) for `target` on a harvested dataset; the draft vocabulary, when
-    asked for, is the K tokens the target wrote most in the training sequences."""
+    asked for, is the K tokens the target wrote most in the training sequences. `init_drafter`: start from
+    the weights of a drafter GGUF of this target (e.g. one trained on a GPU) instead of the target's layers."""
     from .target_weights import attention_geometry, embedding_and_head, layer_init  # noqa: PLC0415
     geometry = attention_geometry(target)
     config = drafter_config(geometry, data.taps, settings.n_layers, settings.block_size, pick_mask_token(target))
@@ -86,6 +88,11 @@ def build_trainer(target: Path, data, settings: TrainSettings, draft_vocab: int 
     trainer = Trainer(data, config, embed, head, settings, init,
                       draft_vocab=vocab.token_ids if vocab is not None else None)
     trainer.arch = geometry["arch"]
+    if init_drafter is not None:
+        from ..convert.sources import read_source  # noqa: PLC0415
+        from ..convert.target_info import read_target  # noqa: PLC0415
+        src = read_source(str(init_drafter), read_target(target))
+        trainer.load_weights(src.tensors, str(init_drafter))
     return trainer, vocab
 
 
@@ -103,7 +110,7 @@ def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, 
                   harvest_settings: HarvestSettings, train_settings: TrainSettings, max_tokens: int | None,
                   outtype: str = "q8_0", resume: bool = False, force: bool = False, data_note: str = "",
                   progress: bool = True, draft_vocab: int | None = None, data_dir: Path | None = None,
-                  harvest_seconds: float | None = None) -> dict:
+                  harvest_seconds: float | None = None, init_drafter: Path | None = None) -> dict:
     """Harvest (resuming what `data_dir` holds), train (resuming the checkpoint in `work_dir` if `resume`),
     export. The draft vocabulary, when asked for, is counted on the harvested data before training, and
     the loss is taken over exactly those tokens, as the drafter will propose them."""
@@ -119,7 +126,7 @@ def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, 
     data = FeatureDataset(data_dir)
     if data.taps != taps:
         raise UserError(f"{data_dir} was harvested for taps {data.taps}, not {taps}; use another --data-dir")
-    trainer, vocab = build_trainer(target, data, train_settings, draft_vocab)
+    trainer, vocab = build_trainer(target, data, train_settings, draft_vocab, init_drafter)
     ckpt_dir = work_dir / "checkpoint"
     if resume and (ckpt_dir / "ckpt.pt").exists():
         trainer.resume(ckpt_dir)

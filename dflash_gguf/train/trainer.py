@@ -129,6 +129,16 @@ class Trainer:
             sd["fc.weight"].copy_(fc)
         self.model.load_state_dict(sd)
 
+    def load_weights(self, tensors: dict[str, np.ndarray], source: str) -> None:
+        """Start from a drafter's z-lab-named tensors (its own head rows, if any, are not the drafter's)."""
+        from ..errors import UserError  # noqa: PLC0415
+        sd = self.model.state_dict()
+        wrong = [k for k in sd if k not in tensors or tuple(tensors[k].shape) != tuple(sd[k].shape)]
+        if wrong:
+            raise UserError(f"{source}: not a drafter of this shape ({', '.join(wrong[:4])} missing or of another "
+                            "shape); use the same --layers and target")
+        self.model.load_state_dict({k: self.torch.from_numpy(np.ascontiguousarray(tensors[k])) for k in sd})
+
     # -- objective ----------------------------------------------------------------------------
     def _columns(self, ids, vocab):
         """Positions of token `ids` among the loss columns `vocab` (sorted), -100 where absent."""

@@ -1,0 +1,61 @@
+"""Token data without features (from the GPU machine, or kept small on purpose) -> a dataset the trainer
+reads: each sequence is read once by the target in a batched prefill and its tapped features are stored.
+
+Cheaper to keep than features (4 bytes per token instead of 2·k·H = 4,608 for SmolLM2 with 4 taps), at the
+cost of one prefill pass per sequence; `tools/harvest_throughput.py --prefill` measures that pass.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .harvest import DatasetWriter
+
+
+def export_tokens(data_dir: Path, out: Path) -> Path:
+    """The dataset's tokens (uint16 where the vocabulary fits) and index as one compressed .npz."""
+    index = (data_dir / "index.jsonl").read_text()
+    rows = [json.loads(x) for x in index.splitlines() if x.strip()]
+    n = rows[-1]["offset"] + rows[-1]["length"] if rows else 0
+    tokens = np.fromfile(data_dir / "tokens.bin", dtype=np.int32, count=n)
+    small = tokens.max(initial=0) < 65536
+    meta = json.loads((data_dir / "meta.json").read_text())
+    np.savez_compressed(out, tokens=tokens.astype(np.uint16 if small else np.int32), index=np.array(index),
+                        meta=np.array(json.dumps(meta)))
+    return out
+
+
+def import_tokens(npz: Path, target: Path, out_dir: Path, n_threads: int = 0, n_gpu_layers: int = 0) -> DatasetWriter:
+    """Rebuild a full dataset (features by prefill, no top-k) from export_tokens' file; resumable."""
+    from ..native.wrappers import Batch, Context, ContextSettings, Model  # noqa: PLC0415
+    from ..textgen.greedy import prefill_features  # noqa: PLC0415
+    z = np.load(npz)
+    tokens = z["tokens"].astype(np.int32)
+    rows = [json.loads(x) for x in str(z["index"]).splitlines() if x.strip()]
+    meta = json.loads(str(z["meta"])) | {"store_features": True, "top_k_probs": 0,
+                                          "features": "recomputed by a batched prefill"}
+    writer = DatasetWriter(out_dir, meta)
+    model = Model(target, n_gpu_layers=n_gpu_layers)
+    longest = max((r["length"] for r in rows), default=1)
+    ctx = Context(model, ContextSettings(n_ctx=max(512, longest), n_batch=512, n_ubatch=512, n_threads=n_threads))
+    batch = Batch(model.native, 512)
+    t0 = time.time()
+    try:
+        for i, r in enumerate(rows):
+            pi = r.get("prompt_index", i)
+            if pi in writer.done:
+                continue
+            seq = tokens[r["offset"]:r["offset"] + r["length"]].tolist()
+            feats = prefill_features(ctx, batch, meta["taps"], seq)
+            feats[-1] = 0                      # the last token was never decoded during generation
+            writer.add(seq, r.get("spans") or [[r["response_start"], r["length"]]], r, prompt_index=pi,
+                       sampled=bool(r.get("sampled")), feats=feats)
+    finally:
+        for obj in (batch, ctx, model):
+            obj.close()
+    writer.seconds = time.time() - t0
+    return writer

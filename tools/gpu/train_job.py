@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Drafter training on the lent GPU, in one command of at most ~9 minutes (run by tools/gpu/train.sh).
+
+The target runs in torch from its GGUF (llama.cpp is still being built beside it), harvesting the shipped
+prompt set pre-tokenized on the CPU machine (tools/gpu/prepare_train.py); then the drafter trains on the GPU.
+Brings back in $OUT: the drafter GGUF (Q8_0, 4096-token draft vocabulary), the harvested tokens (for
+`dflash-gguf train --import-tokens` on a CPU: features are recomputed there by a batched prefill) and
+train-job.json with what was measured. Resumable: a second call continues the harvest and the training.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from dflash_gguf.train.commands import DEFAULT_PROMPTS  # noqa: E402
+from dflash_gguf.train.dataset import FeatureDataset  # noqa: E402
+from dflash_gguf.train.harvest import HarvestSettings  # noqa: E402
+from dflash_gguf.train.pipeline import build_trainer, export, file_sha256, prompts_sha256  # noqa: E402
+from dflash_gguf.train.prompts import load  # noqa: E402
+from dflash_gguf.train.refeature import export_tokens  # noqa: E402
+from dflash_gguf.train.torch_target import load_pretokenized, torch_harvest  # noqa: E402
+from dflash_gguf.train.trainer import TrainSettings  # noqa: E402
+
+ap = argparse.ArgumentParser(description=__doc__)
+ap.add_argument("out", type=Path)
+ap.add_argument("--target", type=Path, required=True)
+ap.add_argument("--prompts-npz", type=Path, required=True)
+ap.add_argument("--state", type=Path, default=ROOT / ".gpu-state" / "train")
+ap.add_argument("--harvest-seconds", type=float, default=240)
+ap.add_argument("--train-seconds", type=float, default=200)
+ap.add_argument("--parallel", type=int, default=384)
+ap.add_argument("--rows", type=int, default=40_000_000, help="the schedule's length (a later call continues it)")
+ap.add_argument("--device", default="cuda")
+ap.add_argument("--limit", type=int, default=None, help="only the first N prompts (dry runs)")
+ap.add_argument("--max-new", type=int, default=None, help="tokens per response (default: 128 code, 160 others)")
+a = ap.parse_args()
+
+t_start = time.time()
+prompts = load(DEFAULT_PROMPTS)[:a.limit]
+tokens, eog = load_pretokenized(a.prompts_npz)
+if len(tokens) < len(prompts) or (a.limit is None and len(tokens) != len(prompts)):
+    sys.exit(f"{a.prompts_npz}: {len(tokens)} prompts, the shipped set has {len(prompts)}; rerun prepare_train.py")
+data_dir = a.state / "data"
+harvest = HarvestSettings(taps=[2, 11, 19, 28], n_parallel=a.parallel, seed=1, top_k_probs=8,
+                          max_new={c: a.max_new or n for c, n in (("code", 128), ("math", 160), ("chat", 160))})
+w = torch_harvest(a.target, prompts, tokens, eog, data_dir, harvest, device=a.device,
+                  dtype="bfloat16" if a.device == "cuda" else "float32", max_seconds=a.harvest_seconds,
+                  meta_extra={"target_sha256": file_sha256(a.target), "prompts_sha256": prompts_sha256(prompts)})
+harvest_s = time.time() - t_start
+data = FeatureDataset(data_dir)
+settings = TrainSettings(n_layers=2, block_size=8, rows=a.rows, lr=8e-4, warmup=0.01, anchors_per_seq=96,
+                         seqs_per_step=16, seed=1, device=a.device, max_seconds=a.train_seconds, eval_every=400,
+                         eval_seqs=64, ckpt_minutes=2.0, distill=0.0)
+trainer, vocab = build_trainer(a.target, data, settings, draft_vocab=4096)
+ckpt = a.state / "checkpoint"
+if (ckpt / "ckpt.pt").exists():
+    trainer.resume(ckpt)
+result = trainer.train(ckpt, progress=False)
+a.out.mkdir(parents=True, exist_ok=True)
+record = {"target": a.target.name, "labelled_rows": trainer.rows_seen, "steps": trainer.step,
+          "train_seconds": round(trainer.seconds_before, 1),
+          "rows_per_second": round(trainer.rows_seen / max(trainer.seconds_before, 1e-9), 1),
+          "precision": str(trainer.autocast or "float32").removeprefix("torch."),
+          "val_tau_estimate": result.tau, "val_slot_accept": result.slot_accept, "val_loss": result.loss,
+          "sequences": len(data.index), "response_tokens": data.n_tokens(list(range(len(data.index)))),
+          "harvest_this_call": {"seconds": round(harvest_s, 1), "response_tokens": w.n_response_written,
+                                "response_tok_s": round(w.n_response_written / max(harvest_s, 1e-9), 1)},
+          "device": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu"}
+export(trainer, a.target, a.out / "smollm2-dflash-gpu.gguf", record, vocab)
+export_tokens(data_dir, a.out / "gpu-harvest-tokens.npz")
+(a.out / "train-job.json").write_text(json.dumps(record, indent=2))
+print(json.dumps(record, indent=2))
