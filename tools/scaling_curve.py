@@ -31,6 +31,7 @@ ap.add_argument("--rows", type=int, nargs="+", default=[6000, 20000, 60000, 2000
 ap.add_argument("--same-rows", type=int, default=60000, help="budget of the data-size and diversity points")
 ap.add_argument("--fractions", type=float, nargs="*", default=[0.1])
 ap.add_argument("--diversity", action="store_true", help="add the low-diversity point")
+ap.add_argument("--distill", type=float, default=None, help="add a point with this distillation share at --same-rows")
 ap.add_argument("--extra", type=Path, nargs="*", default=[], help="train-record JSONs of longer runs to include")
 ap.add_argument("--eval", type=Path, default=ROOT.parent / "shared" / "prompts")
 ap.add_argument("--eval-prompts", type=int, default=10)
@@ -52,16 +53,16 @@ done = {(p["series"], p["label"]) for p in report["points"]}
 LOW_DIVERSITY = ("template:", "cpython:")
 
 
-def settings(rows: int) -> TrainSettings:
+def settings(rows: int, distill: float = 0.0) -> TrainSettings:
     return TrainSettings(n_layers=2, block_size=8, rows=rows, lr=8e-4, warmup=0.03, anchors_per_seq=48,
-                         seqs_per_step=4, eval_every=10**9, eval_seqs=48, seed=1)
+                         seqs_per_step=4, eval_every=10**9, eval_seqs=48, seed=1, distill=distill)
 
 
-def point(series: str, label: str, rows: int, keep=None) -> None:
+def point(series: str, label: str, rows: int, keep=None, distill: float = 0.0) -> None:
     if (series, label) in done:
         return
     data = SubsetDataset(a.data, keep or (lambda i, r: True))
-    trainer, vocab = build_trainer(target, data, settings(rows), a.draft_vocab)
+    trainer, vocab = build_trainer(target, data, settings(rows, distill), a.draft_vocab)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.time()
         val = trainer.train(Path(tmp) / "ck", progress=False)
@@ -94,6 +95,13 @@ if a.diversity:
           lambda i, r: i in narrow_ids)
     point("diversity", f"all sources, same tokens ({frac:.0%})", a.same_rows,
           lambda i, r, f=frac: (i * 0.6180339887) % 1 < f)
+if a.distill is not None:
+    same = [p for p in report["points"] if p["series"] == "compute" and p["label"] == f"{a.same_rows} rows"]
+    if same and ("distillation", "hard labels") not in done:      # the compute point at that budget is it
+        report["points"].append(same[0] | {"series": "distillation", "label": "hard labels"})
+    else:
+        point("distillation", "hard labels", a.same_rows)
+    point("distillation", f"distill {a.distill:g}", a.same_rows, distill=a.distill)
 for extra in a.extra:
     r = json.loads(extra.read_text())
     label = f"{r['labelled_rows']} rows (train run)"

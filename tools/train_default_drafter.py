@@ -69,7 +69,7 @@ if a.harvest_only:
     from dflash_gguf.train.harvest import harvest as run_harvest  # noqa: E402
     shard = tuple(int(x) for x in a.shard.split("/"))
     w = run_harvest(target, prompts, data, harvest, max_tokens=a.tokens, shard=shard,
-                    max_seconds=a.harvest_minutes * 60 if a.harvest_minutes else None,
+                    max_seconds=a.harvest_minutes * 60 if a.harvest_minutes is not None else None,
                     meta_extra={"target_sha256": file_sha256(target), "prompts_sha256": prompts_sha256(prompts)})
     print(json.dumps({"data_dir": str(data), "sequences": len(w.done), "tokens": w.offset,
                       "this_run": {"seconds": round(w.seconds, 1), "response_tokens": w.n_response_written,
@@ -77,7 +77,7 @@ if a.harvest_only:
     sys.exit(0)
 record = train_drafter(target, a.out, prompts, work, taps=TAPS, harvest_settings=harvest, train_settings=train,
                        max_tokens=a.tokens, outtype="q8_0", resume=a.resume, force=True, draft_vocab=DRAFT_VOCAB,
-                       data_dir=data, harvest_seconds=a.harvest_minutes * 60 if a.harvest_minutes else None,
+                       data_dir=data, harvest_seconds=a.harvest_minutes * 60 if a.harvest_minutes is not None else None,
                        data_note=f"{DEFAULT_PROMPTS.relative_to(ROOT)} (licences in dflash_gguf/train/data/README.md); "
                                  "responses written by the target")
 if a.eval_prompts and EVAL.is_dir():
