@@ -24,7 +24,37 @@ ap.add_argument("--parallel", type=int, nargs="+", default=[8, 16, 32, 64])
 ap.add_argument("--seconds", type=float, default=60.0)
 ap.add_argument("--threads", type=int, default=0)
 ap.add_argument("--no-features", action="store_true", help="keep tokens and top-k only")
+ap.add_argument("--prefill", type=Path, default=None, help="instead: how fast a batched prefill recomputes the "
+                "features of this dataset's sequences (the alternative to storing them)")
 a = ap.parse_args()
+
+if a.prefill:
+    import time  # noqa: E402
+
+    import numpy as np  # noqa: E402
+
+    from dflash_gguf.native.wrappers import Batch, Context, ContextSettings, Model  # noqa: E402
+    from dflash_gguf.textgen.greedy import prefill_features  # noqa: E402
+    from dflash_gguf.train.dataset import FeatureDataset  # noqa: E402
+    data = FeatureDataset(a.prefill)
+    model = Model(a.model or smollm2_q4_1())
+    ctx = Context(model, ContextSettings(n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=a.threads))
+    batch = Batch(model.native, 512)
+    t0, n, err = time.time(), 0, []
+    for r in data.index:
+        if time.time() - t0 > a.seconds:
+            break
+        seq = np.asarray(data.tokens[r["offset"]:r["offset"] + r["length"]]).tolist()
+        feats = prefill_features(ctx, batch, data.taps, seq)
+        stored = np.asarray(data.feats[r["offset"]:r["offset"] + r["length"] - 1], np.float32)
+        err.append(np.linalg.norm(feats[:-1] - stored) / np.linalg.norm(stored))
+        n += len(seq)
+    sec = time.time() - t0
+    width = 2 * len(data.taps) * data.meta["n_embd"]
+    print(json.dumps({"prefill_tok_s": round(n / sec, 1), "tokens": n, "seconds": round(sec, 1),
+                      "stored_bytes_per_token": width + 4, "tokens_only_bytes_per_token": 4,
+                      "relative_difference_vs_stored_features": float(f"{np.median(err):.2e}")}))
+    sys.exit(0)
 
 target = a.model or smollm2_q4_1()
 rows = load(a.prompts)

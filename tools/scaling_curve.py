@@ -27,12 +27,13 @@ from dflash_gguf.train.trainer import TrainSettings  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__)
 ap.add_argument("--data", type=Path, required=True, help="harvested dataset folder")
-ap.add_argument("--rows", type=int, nargs="+", default=[6000, 20000, 60000, 200000])
+ap.add_argument("--rows", type=int, nargs="*", default=[6000, 20000, 60000, 200000])
 ap.add_argument("--same-rows", type=int, default=60000, help="budget of the data-size and diversity points")
 ap.add_argument("--fractions", type=float, nargs="*", default=[0.1])
 ap.add_argument("--diversity", action="store_true", help="add the low-diversity point")
 ap.add_argument("--distill", type=float, default=None, help="add a point with this distillation share at --same-rows")
 ap.add_argument("--extra", type=Path, nargs="*", default=[], help="train-record JSONs of longer runs to include")
+ap.add_argument("--merge", type=Path, nargs="*", default=[], help="scaling JSONs of runs made side by side")
 ap.add_argument("--eval", type=Path, default=ROOT.parent / "shared" / "prompts")
 ap.add_argument("--eval-prompts", type=int, default=10)
 ap.add_argument("--draft-vocab", type=int, default=4096)
@@ -75,7 +76,7 @@ def point(series: str, label: str, rows: int, keep=None, distill: float = 0.0) -
            "train_tokens": data.n_tokens(data.split()[0]), "tau": round(tau.overall, 3),
            "tau_by_category": {k: round(v, 3) for k, v in tau.by_category.items()},
            "slot_accept": [round(x, 3) for x in tau.slot_accept], "val_tau": round(val.tau, 3),
-           "val_loss": round(val.loss, 4)}
+           "val_loss": round(val.loss, 4), "eval_prompts_per_category": a.eval_prompts}
     report["points"].append(rec)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(report, indent=2))
@@ -86,6 +87,8 @@ for rows in a.rows:
     point("compute", f"{rows} rows", rows)
 for frac in a.fractions:
     point("data size", f"{frac:.0%} of the data", a.same_rows, lambda i, r, f=frac: (i * 0.6180339887) % 1 < f)
+if a.distill is not None:
+    point("distillation", f"distill {a.distill:g}", a.same_rows, distill=a.distill)
 if a.diversity:
     full = SubsetDataset(a.data, lambda i, r: True)
     narrow_ids = {i for i in full.split()[0] if str(full.index[i].get("source", "")).startswith(LOW_DIVERSITY)}
@@ -95,13 +98,6 @@ if a.diversity:
           lambda i, r: i in narrow_ids)
     point("diversity", f"all sources, same tokens ({frac:.0%})", a.same_rows,
           lambda i, r, f=frac: (i * 0.6180339887) % 1 < f)
-if a.distill is not None:
-    same = [p for p in report["points"] if p["series"] == "compute" and p["label"] == f"{a.same_rows} rows"]
-    if same and ("distillation", "hard labels") not in done:      # the compute point at that budget is it
-        report["points"].append(same[0] | {"series": "distillation", "label": "hard labels"})
-    else:
-        point("distillation", "hard labels", a.same_rows)
-    point("distillation", f"distill {a.distill:g}", a.same_rows, distill=a.distill)
 for extra in a.extra:
     r = json.loads(extra.read_text())
     label = f"{r['labelled_rows']} rows (train run)"
@@ -111,8 +107,18 @@ for extra in a.extra:
                                  "tau": r["engine_tau"]["tau_overall"], "tau_by_category": r["engine_tau"]["tau"],
                                  "slot_accept": r["engine_tau"]["slot_accept"], "val_tau": round(r["val_tau_estimate"], 3),
                                  "val_loss": round(r["val_loss"], 4)})
+for other in a.merge:                 # points measured by another run of this tool (side by side)
+    seen = {(p["series"], p["label"]) for p in report["points"]}
+    report["points"] += [p for p in json.loads(other.read_text())["points"] if (p["series"], p["label"]) not in seen]
 compute = sorted((p for p in report["points"] if p["series"] == "compute"), key=lambda p: p["rows"])
+same = [p for p in compute if p["rows"] >= a.same_rows * 0.98 and p["label"] == f"{a.same_rows} rows"]
+if same and any(p["series"] == "distillation" for p in report["points"]) and ("distillation", "hard labels") not in {
+        (p["series"], p["label"]) for p in report["points"]}:
+    report["points"].append(same[0] | {"series": "distillation", "label": "hard labels"})   # the same run
 report["points"] = compute + [p for p in report["points"] if p["series"] != "compute"]
+if len(compute) < 2:
+    a.out.write_text(json.dumps(report, indent=2))
+    sys.exit(0)
 rate = max(p["rows_per_s"] for p in compute)
 report["extrapolation"] = extrapolate(compute, rate)
 report["extrapolation"]["note"] = ("least-squares line through the compute points, extended past the largest "
