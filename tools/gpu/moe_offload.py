@@ -34,16 +34,21 @@ def run_once(model: Path, flags: list[str], n_predict: int, threads: int) -> dic
     return {"tok_s": out["stats"]["tok_s"], "tokens": out["tokens"], "fit": fit}
 
 
+def n_layers(model: Path) -> int:
+    import gguf
+    r = gguf.GGUFReader(str(model))
+    return int(r.fields[f"{r.fields['general.architecture'].contents()}.block_count"].contents())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, required=True)
-    ap.add_argument("--n-layer", type=int, required=True)
     ap.add_argument("-n", "--n-predict", type=int, default=64)
     ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=2)
     a = ap.parse_args(argv)
     rows: dict[str, dict] = {}
-    for name, flags in placements(a.n_layer).items():
+    for name, flags in placements(n_layers(a.model)).items():
         runs = [run_once(a.model, flags, a.n_predict, a.threads) for _ in range(a.repeat)]
         rows[name] = {"flags": " ".join(flags), "tok_s": statistics.median(r["tok_s"] for r in runs),
                       "tok_s_runs": [r["tok_s"] for r in runs], "fit": runs[0]["fit"], "tokens": runs[0]["tokens"]}
