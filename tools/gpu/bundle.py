@@ -158,6 +158,7 @@ def pack(files: dict[str, Path], out: Path, unit_bytes: int) -> dict:
                 chunks.append(chunk)
                 offset, room = offset + n, room - n
         manifest["files"][name] = {"size": size, "sha256": _sha256(src), "chunks": chunks}
+    manifest["id"] = hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest()[:16]
     for udir in sorted(out.glob("unit-*")):       # every unit says what the whole bundle is
         (udir / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return manifest

@@ -50,22 +50,34 @@ def _sha256(path: Path) -> str:
 
 
 def take_units(bundle: Path, store: Path) -> dict:
-    """Copy newly carried chunks into the store; return the newest manifest seen (or the stored one)."""
-    chunks = store / "chunks"
-    chunks.mkdir(parents=True, exist_ok=True)
+    """Copy the newly carried chunks of files not yet assembled into the store; return the bundle's manifest."""
     manifest_path = store / "manifest.json"
-    for unit in sorted(bundle.glob("unit-*")) if bundle.is_dir() else []:
+    units = sorted(bundle.glob("unit-*")) if bundle.is_dir() else []
+    for unit in units:
         m = unit / "manifest.json"
-        if m.is_file():
-            if manifest_path.is_file() and json.loads(m.read_text())["created"] != json.loads(
-                    manifest_path.read_text())["created"]:
-                shutil.rmtree(store)          # a new bundle: forget the chunks of the old one
-                chunks.mkdir(parents=True)
-            shutil.copy2(m, manifest_path)
+        if not m.is_file():
+            continue
+        if manifest_path.is_file() and json.loads(m.read_text())["id"] != json.loads(
+                manifest_path.read_text())["id"]:
+            shutil.rmtree(store)          # a new bundle: forget the chunks and files of the old one
+        store.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(m, manifest_path)
+    if not manifest_path.is_file():
+        return {"files": {}}
+    manifest = json.loads(manifest_path.read_text())
+    wanted = {c for name, info in manifest["files"].items() if not _assembled(store, name, info)
+              for c in info["chunks"]}
+    (store / "chunks").mkdir(parents=True, exist_ok=True)
+    for unit in units:
         for c in unit.iterdir():
-            if c.name != "manifest.json" and not (chunks / c.name).exists():
-                shutil.copy2(c, chunks / c.name)
-    return json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"files": {}}
+            if c.name in wanted and not (store / "chunks" / c.name).exists():
+                shutil.copy2(c, store / "chunks" / c.name)
+    return manifest
+
+
+def _assembled(store: Path, name: str, info: dict) -> bool:
+    out = store / "files" / name
+    return out.is_file() and out.stat().st_size == info["size"]
 
 
 def assemble(manifest: dict, store: Path) -> tuple[list[str], list[str]]:
@@ -73,7 +85,7 @@ def assemble(manifest: dict, store: Path) -> tuple[list[str], list[str]]:
     done, missing = [], []
     for name, info in manifest["files"].items():
         out = store / "files" / name
-        if out.is_file() and out.stat().st_size == info["size"]:
+        if _assembled(store, name, info):
             done.append(name)
             continue
         parts = [store / "chunks" / c for c in info["chunks"]]
