@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -111,12 +112,11 @@ def cmd_train(c: Check) -> list[Cmd]:
 
 
 def cmd_build(c: Check) -> list[Cmd]:
-    if c.args.lib_cache:          # reuse this machine's build of the same key (the CPU dry run)
+    if c.args.lib_cache:   # a copy of this machine's build of the same key (the CPU dry run); never written to
         src, dst = c.args.lib_cache / "native" / "lib", c.cache / "native" / "lib"
-        dst.mkdir(parents=True, exist_ok=True)
         for d in src.glob(f"*-{c.args.backend}"):
-            if not (dst / d.name).exists():
-                (dst / d.name).symlink_to(d.resolve(), target_is_directory=True)
+            if (d / "build.json").is_file() and not (dst / d.name).exists():
+                shutil.copytree(d, dst / d.name, symlinks=True)
     code = ("import sys; from dflash_gguf.native.build import build; "
             "print(build(sys.argv[1], int(sys.argv[2]) or None, ['llama-speculative-simple'], sys.argv[3] or None))")
     return [Cmd([c.python, "-c", code, c.args.backend, str(c.args.jobs), c.args.cuda_arch or ""]),
@@ -248,6 +248,7 @@ def parse_train(c: Check) -> tuple[bool, dict]:
 
 COMMANDS = {"setup": cmd_setup, "train": cmd_train, "build": cmd_build, "tests": cmd_tests, "verify": cmd_verify,
             "verify8b": cmd_verify8b, "bench": cmd_bench, "moe": cmd_moe}
+WRITES = {"tests": ("tests.xml",), "bench": ("bench.json",)}     # reports the programs write themselves
 PARSERS = {"setup": parse_setup, "train": parse_train, "build": parse_build, "tests": parse_tests,
            "verify": parse_verify, "verify8b": parse_verify8b, "bench": parse_bench, "moe": parse_moe}
 
@@ -290,6 +291,8 @@ def run_step(c: Check, name: str) -> dict:
             res |= {"status": "skipped", "reason": f"{c.args.train_script} does not exist", "seconds": 0.0}
             _record(c, name, res)
             return res
+        for stale in [cmd.stdout for cmd in cmds if cmd.stdout] + [c.state / f for f in WRITES.get(name, ())]:
+            stale.unlink(missing_ok=True)        # a report left by an earlier run must not pass for this one
         rc: int | str = 0
         for cmd in cmds:
             rc = _run(cmd, c.env(), log, timeout - (time.time() - t0))
