@@ -81,7 +81,7 @@ class Check:
         return self.env_info.get("python") or sys.executable
 
     def env(self) -> dict:
-        env = dict(os.environ, DFLASH_GGUF_CACHE=str(self.cache), OUT=str(self.out),
+        env = dict(os.environ, DFLASH_GGUF_CACHE=str(self.cache), OUT=str(self.out), PYTHON=self.python,
                    PYTHONPATH=os.pathsep.join(self.env_info.get("pythonpath") or [str(ROOT)]))
         if self.args.backend == "cuda":
             env["DFLASH_GGUF_REQUIRE_GPU"] = "1"      # the gpu tests fail instead of skipping
