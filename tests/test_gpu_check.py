@@ -75,7 +75,8 @@ def test_cpu_dry_run_passes_every_step(tmp_path):
     # the pruned llama.cpp tree the GPU machine builds from still configures with every tool enabled
     src = tmp_path / "state" / "cache" / "native" / setup_env.SDIST_DIR / "vendor" / "llama.cpp"
     from dflash_gguf.native.build import cmake_args
-    cfg = subprocess.run(["cmake", "-S", str(src), "-B", str(tmp_path / "cfg"), *cmake_args("cpu", True, None)],
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    cfg = subprocess.run(["cmake", "-S", str(src), "-B", str(tmp_path / "cfg"), *gen, *cmake_args("cpu", True, None)],
                          capture_output=True, text=True)
     assert cfg.returncode == 0, cfg.stderr[-3000:]
 
