@@ -13,7 +13,8 @@ their chunks have arrived, checking sha256. Payload:
   for CPython 3.10-3.14, and llama-cpp-python's Python bindings built without their native library;
   torch, numpy and transformers are on the GPU machine already;
 - `models/SmolLM2-135M-Instruct.Q4_1.gguf` (the embedded default target; the shipped drafter is tracked);
-- `prompts/*.jsonl`: the first prompts of each benchmark category.
+- `prompts/*.jsonl`: the first prompts of each benchmark category;
+- `train/train-prompts.npz` when tools/gpu/prepare_train.py made it: the training prompts pre-tokenized.
 
     .venv/bin/python tools/gpu/bundle.py                        # -> .gpu-bundle/, prints the run calls
 """
@@ -183,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     staging = cache / "staging"
     shutil.rmtree(staging, ignore_errors=True)
     files = {"llama.cpp.tar.xz": source_archive(cache)}
+    train_prompts = ROOT / ".gpu-bundle" / "train-prompts.npz"        # tools/gpu/prepare_train.py
+    if train_prompts.is_file():
+        files["train/train-prompts.npz"] = train_prompts
     for p in prompt_files(a.prompts_dir, a.prompts_per_category, staging / "prompts"):
         files[f"prompts/{p.name}"] = p
     if a.wheels != "none":

@@ -6,8 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: train.sh OUT}
-PY=python3
-[ -x .venv/bin/python ] && PY="$PWD/.venv/bin/python"
+PY=${PYTHON:-python3}
+[ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ] && PY="$PWD/.venv/bin/python"
+PROMPTS=.gpu-bundle/train-prompts.npz
+[ -f "$PROMPTS" ] || PROMPTS=.gpu-state/bundle/files/train/train-prompts.npz
 TARGET=${DFLASH_GGUF_TRAIN_TARGET:-$("$PY" -c 'from dflash_gguf.targets import smollm2_q4_1; print(smollm2_q4_1())')}
-exec "$PY" tools/gpu/train_job.py "$OUT" --target "$TARGET" --prompts-npz .gpu-bundle/train-prompts.npz \
+exec "$PY" tools/gpu/train_job.py "$OUT" --target "$TARGET" --prompts-npz "$PROMPTS" \
     --harvest-seconds "${HARVEST_SECONDS:-240}" --train-seconds "${TRAIN_SECONDS:-220}" "${@:2}"
