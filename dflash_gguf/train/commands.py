@@ -42,6 +42,8 @@ def register(app: typer.Typer) -> None:
     ):
         """Generate training data with the target itself, train the drafter, export a validated GGUF."""
         from ..engine.session import require_native
+        from ..gguf_check import check_target
+        check_target(model)            # the shared validation, before torch loads or llama.cpp sees the file
         from .harvest import HarvestSettings
         from .pipeline import parse_taps, train_drafter
         from .prompts import load
