@@ -32,6 +32,7 @@ from .errors import UserError
 VERSIONS = (2, 3)                   # what llama.cpp's gguf.cpp reads
 MAX_STRING = 1 << 30                # gguf.cpp: GGUF_MAX_STRING_LENGTH
 MAX_DIMS = 4                        # GGML_MAX_DIMS
+MAX_TENSOR_BYTES = 1 << 48          # no real tensor comes near; keeps size arithmetic far from overflow
 MAX_TENSOR_NAME = 63                # GGML_MAX_NAME - 1 (NUL)
 MAX_LAYERS = 512                    # LLAMA_MAX_LAYERS: llama.cpp asserts 0 < block_count <= it
 MAX_EXPERTS = 1024                  # LLAMA_MAX_EXPERTS
@@ -51,6 +52,7 @@ _FLOATS = {6, 12}
 _STRING, _ARRAY = 8, 9
 _DAMAGED = "the file is damaged: download or convert it again"
 _TRUNCATED = "the file is truncated (an interrupted download or copy?): download or convert it again"
+_CUT = "the file is truncated or damaged: download or convert it again"
 
 
 class BadModelFile(UserError):
@@ -166,7 +168,7 @@ class _Parser:
         (n,) = self.unpack("<Q", f"the length of {what}")
         if n > MAX_STRING or n > self.size - self.pos:
             self.fail(f"{what} at byte {self.pos - 8} claims {n} bytes, more than the "
-                      f"{self.size - self.pos} left in the file")
+                      f"{self.size - self.pos} left in the file", _CUT)
         raw = self.buf[self.pos:self.pos + n]
         self.pos += n
         try:
@@ -177,7 +179,7 @@ class _Parser:
     def header(self) -> GGUFHeader:
         magic = self.buf[:4]
         if magic != b"GGUF":
-            self.fail(f"not a GGUF file (it starts with {bytes(magic)!r}, a GGUF file with b'GGUF')",
+            self.fail(f"not a GGUF file (its first bytes are {bytes(magic)!r}, not b'GGUF')",
                       "pass a .gguf model file")
         (version,) = self.unpack("<4xI", "the GGUF version")
         if version > 0xFFFF and struct.unpack(">I", struct.pack("<I", version))[0] in VERSIONS:
@@ -189,9 +191,9 @@ class _Parser:
         n_tensors, n_kv = self.unpack("<QQ", "the tensor and key/value counts")
         # a key/value pair takes at least 12 bytes, a tensor info at least 25: bound the counts by the file
         if n_kv * 12 > self.size - self.pos:
-            self.fail(f"the header claims {n_kv} key/value pairs, more than the file can hold")
+            self.fail(f"the header claims {n_kv} key/value pairs, more than the file can hold", _CUT)
         if n_tensors * 25 > self.size - self.pos:
-            self.fail(f"the header claims {n_tensors} tensors, more than the file can hold")
+            self.fail(f"the header claims {n_tensors} tensors, more than the file can hold", _CUT)
         fields: dict[str, Field] = {}
         for i in range(n_kv):
             key = self.string(f"key {i + 1} of {n_kv}")
@@ -217,14 +219,14 @@ class _Parser:
         sub, n = self.unpack("<IQ", f"the array header of '{key}'")
         if sub == _STRING:
             if n * 8 > self.size - self.pos:
-                self.fail(f"'{key}' claims {n} strings, more than the file can hold")
+                self.fail(f"'{key}' claims {n} strings, more than the file can hold", _CUT)
             return Field(self.strings(key, n), [VT.ARRAY, VT.STRING])
         if sub not in _SCALARS:
             self.fail(f"'{key}' is an array of value type {sub}, which llama.cpp cannot read")
         fmt, width = _SCALARS[sub]
         if n * width > self.size - self.pos:
             self.fail(f"'{key}' claims {n} elements ({n * width} bytes), more than the "
-                      f"{self.size - self.pos} bytes left in the file")
+                      f"{self.size - self.pos} bytes left in the file", _CUT)
         import numpy as np  # noqa: PLC0415
         dtype = np.dtype(fmt)
         values = np.frombuffer(self.buf, dtype=dtype, count=n, offset=self.pos).tolist()
@@ -260,7 +262,7 @@ class _Parser:
             pos += 8
             if length > size - pos:
                 self.fail(f"string {i} of '{key}' at byte {pos - 8} claims {length} bytes, more than the "
-                          f"{size - pos} left in the file")
+                          f"{size - pos} left in the file", _CUT)
             try:
                 out.append(buf[pos:pos + length].decode("utf-8"))
             except UnicodeDecodeError:
@@ -293,8 +295,8 @@ class _Parser:
             if min(dims) < 1:
                 self.fail(f"tensor '{name}' has shape {list(dims)} with an empty dimension")
             n_elements = math.prod(dims)
-            if n_elements * type_size // block > self.size:
-                self.fail(f"tensor '{name}' of shape {list(dims)} would need more bytes than the whole file")
+            if n_elements * type_size // block > MAX_TENSOR_BYTES:
+                self.fail(f"tensor '{name}' has an impossible shape {list(dims)}")
             if dims[0] % block:
                 self.fail(f"tensor '{name}': its rows of {dims[0]} values do not split into {type_name} "
                           f"blocks of {block}")

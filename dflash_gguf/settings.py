@@ -8,7 +8,8 @@ from pathlib import Path
 
 from .errors import UserError
 
-T_MODES = ("rejection", "match")     # T>0 verification: speculative sampling, or match a target sample
+T_MODES = ("rejection", "match")
+MIN_CTX = 128                        # the verify-cost calibration decodes 64 context tokens + a block     # T>0 verification: speculative sampling, or match a target sample
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ class EngineSettings:
     def validate(self) -> "EngineSettings":
         """Refuse out-of-range values with the option that sets them (CLI flag / DFLASH_GGUF_* variable)."""
         checks = (
-            (self.n_ctx >= 2, "-c/--ctx-size", self.n_ctx, "must be >= 2 (the prompt + one generated token)"),
+            (self.n_ctx >= MIN_CTX, "-c/--ctx-size", self.n_ctx,
+             f"must be >= {MIN_CTX} (the engine measures and drafts in blocks of up to {MIN_CTX // 2} tokens)"),
             (self.n_threads >= 0, "-t/--threads", self.n_threads, "must be >= 0 (0 = all cores)"),
             (self.n_batch >= 1, "n_batch", self.n_batch, "must be >= 1"),
             (self.draft_max is None or self.draft_max >= 1, "--draft-max", self.draft_max, "must be >= 1"),

@@ -30,7 +30,7 @@ def read_gguf(path: Path, what: str = "file"):
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such {what}")
-    return _reader(*_key(path))     # gguf_check names the file and what is wrong with it
+    return _reader(str(path), *_key(path))     # gguf_check names the file and what is wrong with it
 
 
 def _key(path: Path) -> tuple[str, int, int]:
@@ -39,9 +39,9 @@ def _key(path: Path) -> tuple[str, int, int]:
 
 
 @functools.lru_cache(maxsize=4)
-def _reader(path: str, size: int, mtime_ns: int):
+def _reader(shown: str, resolved: str, size: int, mtime_ns: int):
     from .gguf_fast import open_gguf  # noqa: PLC0415
-    return open_gguf(path)
+    return open_gguf(shown)
 
 
 def read_target(path: Path) -> TargetInfo:
