@@ -58,7 +58,8 @@ class Layout:
 
 
 def walk(path: Path) -> Layout:
-    data = path.read_bytes()[: 32 << 20]          # headers of our files are < 4 MB
+    with open(path, "rb") as f:
+        data = f.read(32 << 20)                   # the headers of our files are < 4 MB
     pos = 24
     n_tensors, n_kv = struct.unpack_from("<QQ", data, 8)
 

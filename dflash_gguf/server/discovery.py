@@ -159,9 +159,10 @@ def fits(drafter: Found, target: Found) -> bool:
 
 
 def read_header(found: Found) -> Found:
-    from ..gguf_check import parse_header  # noqa: PLC0415
+    from ..gguf_check import check_loadable, parse_header  # noqa: PLC0415
     try:
         h = parse_header(found.path)
+        check_loadable(h)                  # what llama.cpp would refuse or abort on is "unreadable" here
         value = h.value
         arch = h.arch
         found.architecture = arch
