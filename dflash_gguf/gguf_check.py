@@ -59,6 +59,10 @@ class BadModelFile(UserError):
     """A model file that no command may pass to llama.cpp; the message names it and says what to do."""
 
 
+class BigEndianGGUF(BadModelFile):
+    """A big-endian GGUF: llama.cpp on a little-endian machine cannot load it (convert can still read it)."""
+
+
 @dataclass
 class Field:
     value: Any
@@ -109,10 +113,6 @@ def _type_sizes() -> dict[int, tuple[str, int, int]]:
             if t in gguf.GGML_QUANT_SIZES and t.value not in REMOVED_TYPES}
 
 
-class BigEndianGGUF(BadModelFile):
-    """A big-endian GGUF: llama.cpp on a little-endian machine cannot load it (convert can still read it)."""
-
-
 # -- 1. structure -----------------------------------------------------------------------------------
 def parse_header(path: str | Path) -> GGUFHeader:
     """The validated header of `path` (cached while the file is unchanged). Raises BadModelFile."""
@@ -124,8 +124,10 @@ def parse_header(path: str | Path) -> GGUFHeader:
                            "(`dflash-gguf models` lists the GGUFs found on this machine)") from None
     except OSError as e:
         raise BadModelFile(f"{path}: cannot be read ({e.strerror}); check the path and its permissions") from None
-    if not path.is_file():
+    if path.is_dir():
         raise BadModelFile(f"{path}: is a folder, not a GGUF file; pass the .gguf file inside it")
+    if not path.is_file():
+        raise BadModelFile(f"{path}: is not a regular file; pass a .gguf model file")
     return _parse_cached(str(path), os.path.realpath(path), st.st_size, st.st_mtime_ns)
 
 

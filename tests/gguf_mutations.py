@@ -150,12 +150,17 @@ def mutations(layout: Layout, source_header: bytes, seed: int, *, n_truncations:
     for p in header + sorted(sample):
         out.append(Mutation("truncation", f"truncated at byte {p}", size=p))
 
-    # random byte flips (1..20 bytes) in the key/value section and in the tensor infos
+    # random byte flips (1..20 bytes) in the key/value section and in the tensor infos; every other header
+    # mutation writes printable ASCII instead, which keeps strings valid UTF-8 and reaches deeper checks
     for cls, lo, hi in (("header flips", 8, L.kv_end), ("tensor-info flips", L.kv_end, L.infos_end)):
-        for _ in range(n_flips):
-            flips = [(rng.randrange(lo, hi), bytes([rng.randrange(1, 256)])) for _ in range(rng.randint(1, 20))]
-            patches = [(p, bytes([source_header[p] ^ x[0]])) for p, x in flips]
-            out.append(Mutation(cls, f"{len(flips)} bytes flipped", patches))
+        for k in range(n_flips):
+            where = [rng.randrange(lo, hi) for _ in range(rng.randint(1, 20))]
+            if cls == "header flips" and k % 2:
+                patches = [(p, bytes([rng.randrange(0x21, 0x7F)])) for p in where]
+                out.append(Mutation(cls, f"{len(where)} bytes set to ASCII", patches))
+            else:
+                patches = [(p, bytes([source_header[p] ^ rng.randrange(1, 256)])) for p in where]
+                out.append(Mutation(cls, f"{len(where)} bytes flipped", patches))
 
     # wrong counts: file-level counts and array lengths
     for what, pos in (("tensor count", 8), ("key/value count", 16)):

@@ -148,3 +148,11 @@ def test_health_names_the_file_when_the_model_fails_to_load_after_start(tmp_path
         assert r.status_code == 503 and str(bad) in r.json()["error"]["message"]
     finally:
         srv.close()
+
+
+def test_a_drafter_for_another_target_is_refused_before_loading(tmp_path, capsys):
+    from engine_helpers import write_tiny_llama
+    other = write_tiny_llama(tmp_path / "other.gguf", n_vocab=64, n_embd=96, n_layer=2, n_head=4)
+    code, line = _fails(capsys, ["run", "-m", str(other), "-md", str(DRAFTER), "-p", "hi"])
+    assert code == 2 and f"{DRAFTER}: does not fit target other.gguf: hidden size 576 != target hidden size 96" in line
+    assert "out of range for a target with 2 layers" in line and "dflash-gguf train" in line

@@ -54,7 +54,7 @@ def fuzz(tmp_path_factory):
         layout = walk(src)
         head = _head(src, layout.data_start)
         arch = "dflash" if role == "drafter" else "llama"
-        cases = mutations(layout, head, SEED, n_truncations=130, n_flips=60) + hparam_mutations(layout, head, arch)
+        cases = mutations(layout, head, SEED, n_truncations=110, n_flips=60) + hparam_mutations(layout, head, arch)
         check = check_drafter if role == "drafter" else check_target
         for i, m in enumerate(cases):
             path = m.write(head, layout, work / f"{role}-{i:03d}.gguf")

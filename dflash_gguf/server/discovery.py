@@ -159,10 +159,11 @@ def fits(drafter: Found, target: Found) -> bool:
 
 
 def read_header(found: Found) -> Found:
-    from ..gguf_check import check_loadable, parse_header  # noqa: PLC0415
+    from ..gguf_check import FOREIGN_DRAFTER_ARCHS, check_loadable, parse_header  # noqa: PLC0415
     try:
         h = parse_header(found.path)
-        check_loadable(h)                  # what llama.cpp would refuse or abort on is "unreadable" here
+        if h.arch not in FOREIGN_DRAFTER_ARCHS:     # (those are read by convert, never by llama.cpp)
+            check_loadable(h)              # what llama.cpp would refuse or abort on is "unreadable" here
         value = h.value
         arch = h.arch
         found.architecture = arch
