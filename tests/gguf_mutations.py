@@ -26,7 +26,7 @@ class KV:
     end: int
     sub: int | None = None        # array element type
     count: int | None = None      # array length
-    strings: list[tuple[int, int]] = field(default_factory=list)   # (length field pos, length), first few
+    strings: list[tuple[int, int]] = field(default_factory=list)   # (length field pos, length) of each string
 
 
 @dataclass
@@ -82,8 +82,7 @@ def walk(path: Path) -> Layout:
             pos += 12
             if kv.sub == 8:
                 for i in range(kv.count):
-                    if i < 8:
-                        kv.strings.append((pos, struct.unpack_from("<Q", data, pos)[0]))
+                    kv.strings.append((pos, struct.unpack_from("<Q", data, pos)[0]))
                     _, pos = string(pos)
             else:
                 pos += kv.count * _FIXED[kv.sub]
@@ -161,6 +160,24 @@ def mutations(layout: Layout, source_header: bytes, seed: int, *, n_truncations:
             else:
                 patches = [(p, bytes([source_header[p] ^ rng.randrange(1, 256)])) for p in where]
                 out.append(Mutation(cls, f"{len(where)} bytes flipped", patches))
+
+    # well-formed changes of values: characters inside vocabulary strings (never their length fields) and
+    # numbers; most pass validation, so they show what llama.cpp does with what the validator lets through
+    arrays = [kv for kv in L.kvs if kv.sub == 8 and kv.count > 100]
+    numbers = [kv for kv in L.kvs if kv.vtype in (4, 6) and kv.key.endswith(("context_length", "freq_base",
+                                                                             "layer_norm_rms_epsilon"))]
+    for k in range(n_flips // 3):
+        if k % 3 == 2 and numbers:
+            kv = rng.choice(numbers)
+            raw = _u32(rng.randrange(1, 1 << 20)) if kv.vtype == 4 else struct.pack("<f", rng.uniform(1e-6, 1e6))
+            out.append(Mutation("value changes", f"{kv.key} -> {raw.hex()}", [(kv.value_pos, raw)]))
+            continue
+        kv = rng.choice(arrays)
+        patches = []
+        for pos, n in rng.sample(kv.strings, 5):
+            if n:
+                patches.append((pos + 8 + rng.randrange(n), bytes([rng.randrange(0x21, 0x7F)])))
+        out.append(Mutation("value changes", f"{len(patches)} characters of {kv.key} changed", patches))
 
     # wrong counts: file-level counts and array lengths
     for what, pos in (("tensor count", 8), ("key/value count", 16)):

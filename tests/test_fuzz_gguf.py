@@ -54,7 +54,7 @@ def fuzz(tmp_path_factory):
         layout = walk(src)
         head = _head(src, layout.data_start)
         arch = "dflash" if role == "drafter" else "llama"
-        cases = mutations(layout, head, SEED, n_truncations=110, n_flips=60) + hparam_mutations(layout, head, arch)
+        cases = mutations(layout, head, SEED, n_truncations=80, n_flips=45) + hparam_mutations(layout, head, arch)
         check = check_drafter if role == "drafter" else check_target
         for i, m in enumerate(cases):
             path = m.write(head, layout, work / f"{role}-{i:03d}.gguf")
@@ -90,7 +90,7 @@ def test_the_validator_refuses_or_passes_every_mutated_file_and_names_it(fuzz):
     assert total >= 500
     for role in ("target", "drafter"):
         classes = {cls for (r, cls, _) in counts if r == role}
-        assert classes >= ALWAYS_REFUSED | {"header flips", "tensor-info flips", "wrong counts"}, classes
+        assert classes >= ALWAYS_REFUSED | {"header flips", "tensor-info flips", "wrong counts", "value changes"}
     _report(fuzz)
 
 
