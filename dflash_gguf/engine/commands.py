@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
 
 def check_sampling_options(n_predict: int, temp: float, top_k: int, top_p: float, min_p: float,
                            seed: int | None):
-    """SamplingParams from run/bench options, refusing out-of-range values with the flag that set them."""
+    """SamplingParams from run's options, refusing out-of-range values with the flag that set them."""
     from .sampling import SamplingParams
     checks = ((n_predict >= 1, "-n", n_predict, "must be >= 1 (tokens to generate)"),
               (temp >= 0 and math.isfinite(temp), "--temp", temp, "must be >= 0 (0 = greedy)"),
