@@ -6,6 +6,11 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from .errors import UserError
+
+T_MODES = ("rejection", "match")
+MIN_CTX = 128                        # the verify-cost calibration decodes 64 context tokens + a block     # T>0 verification: speculative sampling, or match a target sample
+
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -39,9 +44,34 @@ class EngineSettings:
         for f in fields(cls):
             raw = os.environ.get(f"DFLASH_GGUF_{f.name.upper()}")
             if raw is not None and f.name != "extra":
-                values[f.name] = _parse(f.type, raw)
+                try:
+                    values[f.name] = _parse(f.type, raw)
+                except ValueError:
+                    raise UserError(f"DFLASH_GGUF_{f.name.upper()}={raw!r}: not a valid {f.type}; "
+                                    "fix or unset the environment variable") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         return replace(cls(), **values)
+
+    def validate(self) -> "EngineSettings":
+        """Refuse out-of-range values with the option that sets them (CLI flag / DFLASH_GGUF_* variable)."""
+        checks = (
+            (self.n_ctx >= MIN_CTX, "-c/--ctx-size", self.n_ctx,
+             f"must be >= {MIN_CTX} (the engine measures and drafts in blocks of up to {MIN_CTX // 2} tokens)"),
+            (self.n_threads >= 0, "-t/--threads", self.n_threads, "must be >= 0 (0 = all cores)"),
+            (self.n_batch >= 1, "n_batch", self.n_batch, "must be >= 1"),
+            (self.draft_max is None or self.draft_max >= 1, "--draft-max", self.draft_max, "must be >= 1"),
+            (self.draft_min >= 1, "--draft-min", self.draft_min, "must be >= 1"),
+            (self.draft_ctx is None or self.draft_ctx >= 1, "--draft-ctx", self.draft_ctx, "must be >= 1"),
+            (self.t_mode in T_MODES, "--t-mode", self.t_mode, f"must be one of {', '.join(T_MODES)}"),
+            (self.n_cpu_moe >= 0, "--n-cpu-moe", self.n_cpu_moe, "must be >= 0"),
+            (self.main_gpu >= 0, "-mg/--main-gpu", self.main_gpu, "must be >= 0"),
+            (all(x >= 0 for x in self.tensor_split), "-ts/--tensor-split", ",".join(map(str, self.tensor_split)),
+             "must be non-negative proportions, e.g. 3,1"),
+        )
+        for ok, option, value, rule in checks:
+            if not ok:
+                raise UserError(f"{option} {value}: {rule}")
+        return self
 
 
 def _parse(type_name, raw: str):
@@ -57,3 +87,13 @@ def _parse(type_name, raw: str):
     if "tuple[float" in t:
         return tuple(float(x) for x in raw.split(",") if x)
     return raw
+
+
+def parse_tensor_split(spec: str | None) -> tuple[float, ...] | None:
+    """-ts/--tensor-split "3,1" → (3.0, 1.0)."""
+    if not spec:
+        return None
+    try:
+        return tuple(float(x) for x in spec.split(","))
+    except ValueError:
+        raise UserError(f"-ts/--tensor-split {spec}: give proportions per GPU, e.g. 3,1") from None

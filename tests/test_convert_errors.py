@@ -28,7 +28,7 @@ def _nothing_written(folder) -> bool:
 def test_truncated_file(tmp_path, target, upstream):
     bad = tmp_path / "trunc.gguf"
     bad.write_bytes(upstream.read_bytes()[: upstream.stat().st_size // 2])
-    with pytest.raises(UserError, match="trunc.gguf: not a readable GGUF file.*truncated or damaged"):
+    with pytest.raises(UserError, match="trunc.gguf: tensor .* needs bytes up to .* the file is truncated"):
         read_source(str(bad), read_target(target))
 
 
@@ -37,7 +37,7 @@ def test_garbled_header(tmp_path, target, upstream):
     data[8:40] = b"\xff" * 32
     bad = tmp_path / "garbled.gguf"
     bad.write_bytes(bytes(data))
-    with pytest.raises(UserError, match="garbled.gguf: not a readable GGUF"):
+    with pytest.raises(UserError, match="garbled.gguf: .*damaged"):
         read_source(str(bad), read_target(target))
 
 

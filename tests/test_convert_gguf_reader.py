@@ -1,7 +1,6 @@
 """gguf_fast reads exactly what gguf-py's GGUFReader reads (fields, types, tensor layout and bytes)."""
 
 import importlib.util
-import struct
 from pathlib import Path
 
 import gguf
@@ -9,6 +8,7 @@ import numpy as np
 import pytest
 
 from dflash_gguf.convert.gguf_fast import FastGGUFReader
+from dflash_gguf.gguf_check import BadModelFile
 from engine_helpers import write_tiny_llama
 
 
@@ -54,6 +54,6 @@ def test_damaged_files_raise(tmp_path):
     data = target.read_bytes()
     (tmp_path / "short.gguf").write_bytes(data[: len(data) // 3])
     (tmp_path / "magic.gguf").write_bytes(b"GGML" + data[4:])
-    for name in ("short.gguf", "magic.gguf"):
-        with pytest.raises((ValueError, struct.error)):
+    for name, why in (("short.gguf", "truncated"), ("magic.gguf", "not a GGUF file")):
+        with pytest.raises(BadModelFile, match=f"{name}: .*{why}"):
             FastGGUFReader(tmp_path / name)

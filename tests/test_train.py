@@ -88,8 +88,8 @@ def test_train_command_names_a_resume_folder_without_data(tmp_path):
     from typer.testing import CliRunner
 
     from dflash_gguf.cli import app
-    target = tmp_path / "t.gguf"
-    target.write_bytes(b"GGUF")
+    from engine_helpers import write_tiny_llama
+    target = write_tiny_llama(tmp_path / "t.gguf")      # a valid target: the --resume folder is what is wrong
     res = CliRunner().invoke(app, ["train", "-m", str(target), "-o", str(tmp_path / "d.gguf"),
                                    "--resume", str(tmp_path / "nothing")])
     assert res.exit_code != 0
@@ -104,4 +104,4 @@ def test_train_command_rejects_a_file_that_is_not_a_gguf(tmp_path):
     target.write_bytes(b"not a model")
     res = CliRunner().invoke(app, ["train", "-m", str(target), "-o", str(tmp_path / "d.gguf")])
     assert res.exit_code != 0
-    assert "not a readable GGUF" in (res.output + str(res.exception))
+    assert "t.gguf: not a GGUF file" in (res.output + str(res.exception))

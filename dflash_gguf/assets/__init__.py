@@ -21,15 +21,12 @@ def manifest() -> list[dict]:
 
 def target_signature(target: Path) -> dict:
     """Architecture, hidden size, layer count and vocabulary size from a GGUF header (no weights loaded)."""
-    import gguf  # noqa: PLC0415
+    from ..gguf_check import parse_header  # noqa: PLC0415
 
-    r = gguf.GGUFReader(str(target))
-    arch = r.fields["general.architecture"].contents()
-    tokens = r.fields.get("tokenizer.ggml.tokens")
-    return {"architecture": arch,
-            "n_embd": int(r.fields[f"{arch}.embedding_length"].contents()),
-            "n_layer": int(r.fields[f"{arch}.block_count"].contents()),
-            "n_vocab": len(tokens.data) if tokens is not None else None}
+    h = parse_header(target)
+    arch = h.arch
+    return {"architecture": arch, "n_embd": h.value(f"{arch}.embedding_length"),
+            "n_layer": h.value(f"{arch}.block_count"), "n_vocab": h.n_vocab()}
 
 
 def shipped_drafter_for(target: Path) -> Path | None:

@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
         """Plain vs our DFlash vs upstream C++ DFlash vs n-gram, interleaved prompt by prompt."""
         from tqdm import tqdm
 
-        from ..engine.session import Engine, require_native
+        from ..engine.session import Engine, check_inputs, require_native
         from ..settings import EngineSettings
         from .prompts import prepare, read_rows
         from .report import summarize
@@ -56,11 +56,14 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"-n must be >= 2 (the first token comes from the prefill), got {n_predict}")
         if repeat < 1:
             raise UserError(f"--repeat must be >= 1, got {repeat}")
+        if limit is not None and limit < 1:
+            raise UserError(f"--limit {limit}: must be >= 1")
         rows = read_rows(prompts, limit)
-        require_native()
         threads = threads or os.cpu_count() or 1
         settings = EngineSettings.from_env(target=model, drafter=draft, n_ctx=ctx_size, n_threads=threads,
                                            n_gpu_layers=n_gpu_layers, draft_max=draft_max, adaptive=not no_adaptive)
+        check_inputs(settings)
+        require_native()
         engine = Engine(settings)
         try:
             bench_prompts = prepare(rows, engine)

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..drafter.config import DrafterConfig
 from ..errors import UserError
+from ..gguf_check import fit_problems as shared_fit_problems
 from .normalized import same_model_name
 from .target_info import TargetInfo
 
@@ -18,17 +19,9 @@ class ConvertError(UserError):
 
 def fit_problems(config: DrafterConfig, target: TargetInfo) -> list[str]:
     """Every reason this drafter cannot run with this target (empty: it can)."""
-    c, problems = config, []
-    if c.hidden_size != target.n_embd:
-        problems.append(f"hidden size {c.hidden_size} != target hidden size {target.n_embd}")
-    bad = [t for t in c.target_layers if not 0 <= t <= target.n_layer]
-    if bad:
-        problems.append(f"target layers {bad} out of range for a target with {target.n_layer} layers "
-                        f"(valid tap ids 0..{target.n_layer})")
-    if not 0 <= c.mask_token_id < target.n_vocab:
-        problems.append(f"mask token id {c.mask_token_id} is outside the target vocabulary ({target.n_vocab} tokens)")
-    if c.vocab_size and c.vocab_size > target.n_vocab:
-        problems.append(f"vocabulary size {c.vocab_size} exceeds the target's {target.n_vocab}")
+    c = config
+    problems = shared_fit_problems(c.hidden_size, list(c.target_layers), c.mask_token_id, c.vocab_size,
+                                   target.n_embd, target.n_layer, target.n_vocab)
     if c.head_dim % 2:
         problems.append(f"head dim {c.head_dim} is odd (RoPE needs an even head dim)")
     if not (math.isfinite(c.rope_theta) and c.rope_theta > 1):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from ..gguf_check import check_target
 
 
 @dataclass
@@ -29,11 +30,7 @@ def read_gguf(path: Path, what: str = "file"):
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such {what}")
-    try:
-        return _reader(*_key(path))
-    except Exception as e:  # the reader raises ValueError/IndexError/struct errors on damaged files
-        raise UserError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e}); "
-                        "the file is truncated or damaged — download or convert it again") from e
+    return _reader(str(path), *_key(path))     # gguf_check names the file and what is wrong with it
 
 
 def _key(path: Path) -> tuple[str, int, int]:
@@ -42,13 +39,14 @@ def _key(path: Path) -> tuple[str, int, int]:
 
 
 @functools.lru_cache(maxsize=4)
-def _reader(path: str, size: int, mtime_ns: int):
+def _reader(shown: str, resolved: str, size: int, mtime_ns: int):
     from .gguf_fast import open_gguf  # noqa: PLC0415
-    return open_gguf(path)
+    return open_gguf(shown)
 
 
 def read_target(path: Path) -> TargetInfo:
     path = Path(path)
+    check_target(path)              # the validation every command runs before llama.cpp sees a file
     r = read_gguf(path, "target GGUF")
     return dataclasses.replace(_target(r, *_key(path)), path=path)
 

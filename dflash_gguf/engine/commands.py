@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Optional
@@ -50,35 +51,33 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
     ):
         """Generate with DFlash speculative decoding (lossless); without -m/-md runs the embedded default."""
-        from ..settings import EngineSettings
-        from .sampling import SamplingParams
-        from .session import Engine, require_native
+        from ..settings import EngineSettings, parse_tensor_split
+        from .session import Engine, check_inputs, require_native
 
         demo = prompt is None and file is None
         if prompt is not None and file is not None:
             raise UserError("give the prompt with -p or -f, not both")
+        sampling = check_sampling_options(n_predict, temp, top_k, top_p, min_p, seed)
         if file is not None:
             if not file.is_file():
                 raise UserError(f"-f {file}: no such file")
-            prompt = file.read_text(encoding="utf-8")
+            prompt = file.read_text(encoding="utf-8", errors="replace")
         if demo:
             prompt, chat = DEMO_PROMPT, True
             compare = True if compare is None else compare
-        require_native()
         settings = EngineSettings.from_env(
             target=model, drafter=draft, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers, fit=fit,
             draft_max=draft_max, draft_min=draft_min, adaptive=not no_adaptive, draft_ctx=draft_ctx,
             n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor), t_mode=t_mode,
-            main_gpu=main_gpu, rpc=rpc,
-            tensor_split=tuple(float(x) for x in tensor_split.split(",")) if tensor_split else None)
-        sampling = SamplingParams(temp, top_k, top_p, min_p, seed)
-        try:
-            sampling.validate()
-        except ValueError as e:
-            raise UserError(str(e)) from e
+            main_gpu=main_gpu, rpc=rpc, tensor_split=parse_tensor_split(tensor_split))
+        check_inputs(settings, speculative=not plain)
+        require_native()
         engine = Engine(settings, speculative=not plain)
         try:
             tokens = _prompt_tokens(engine, prompt, chat, think)
+            if len(tokens) + 1 > settings.n_ctx:
+                raise UserError(f"-c {settings.n_ctx}: the prompt alone is {len(tokens)} tokens; "
+                                f"pass -c {len(tokens) + n_predict} or more (prompt + -n)")
             report = _generate(engine, tokens, n_predict, sampling, stream=not as_json, speculative=not plain)
             if compare and not plain:
                 base = engine.generate(tokens, n_predict, sampling, speculative=False)
@@ -92,6 +91,21 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(report))
         else:
             _print_summary(report)
+
+
+def check_sampling_options(n_predict: int, temp: float, top_k: int, top_p: float, min_p: float,
+                           seed: int | None):
+    """SamplingParams from run's options, refusing out-of-range values with the flag that set them."""
+    from .sampling import SamplingParams
+    checks = ((n_predict >= 1, "-n", n_predict, "must be >= 1 (tokens to generate)"),
+              (temp >= 0 and math.isfinite(temp), "--temp", temp, "must be >= 0 (0 = greedy)"),
+              (top_k >= 0, "--top-k", top_k, "must be >= 0 (0 = off)"),
+              (0 < top_p <= 1, "--top-p", top_p, "must be in (0, 1] (1 = off)"),
+              (0 <= min_p <= 1, "--min-p", min_p, "must be in [0, 1] (0 = off)"))
+    for ok, flag, value, rule in checks:
+        if not ok:
+            raise UserError(f"{flag} {value}: {rule}")
+    return SamplingParams(temp, top_k, top_p, min_p, seed)
 
 
 def _prompt_tokens(engine, prompt: str, chat: bool, think: bool | None) -> list[int]:

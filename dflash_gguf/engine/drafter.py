@@ -13,6 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import UserError
+from ..gguf_check import DRAFTER_ARCH, FOREIGN_DRAFTER_ARCHS
 from ..native.wrappers import Batch, Context, ContextSettings, Model
 
 
@@ -40,9 +41,10 @@ class DrafterMismatch(UserError):
 def check_drafter_fits(drafter: Model, target: Model) -> None:
     """The checks that make a drafter usable with a target; each error says what to fix."""
     name = drafter.path.name
-    if drafter.arch != "dflash":
-        raise DrafterMismatch(f"{name}: architecture is '{drafter.arch}', not 'dflash'; convert it first with "
-                              f"`dflash-gguf convert {drafter.path} --target {target.path} -o draft.gguf`")
+    if drafter.arch != DRAFTER_ARCH:
+        hint = (f"convert it first with `dflash-gguf convert {drafter.path} --target {target.path} -o draft.gguf`"
+                if drafter.arch in FOREIGN_DRAFTER_ARCHS else "pass a DFlash drafter with -md")
+        raise DrafterMismatch(f"{name}: architecture is '{drafter.arch}', not '{DRAFTER_ARCH}'; {hint}")
     if drafter.n_embd != target.n_embd:
         raise DrafterMismatch(f"{name}: hidden size {drafter.n_embd} != target {target.path.name} hidden size "
                               f"{target.n_embd}; this drafter was trained for another target")

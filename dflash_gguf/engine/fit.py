@@ -47,28 +47,28 @@ class FitPlan:
 
 
 def read_sizes(path: Path, n_ctx: int) -> ModelSizes:
-    import gguf  # noqa: PLC0415
+    from ..gguf_check import parse_header  # noqa: PLC0415
 
-    r = gguf.GGUFReader(str(path))
-    arch = r.fields["general.architecture"].contents()
+    h = parse_header(path)            # validated: tensor byte sizes known, nothing loaded
+    arch = h.arch
 
     def key(name, default=None):
-        f = r.fields.get(f"{arch}.{name}")
-        return f.contents() if f is not None else default
+        return h.value(f"{arch}.{name}", default)
 
     n_layer = int(key("block_count"))
     layer, expert = [0] * n_layer, [0] * n_layer
     output = 0
-    for t in r.tensors:
-        n = int(t.n_bytes)
-        if (m := EXPERT_RE.match(t.name)) is not None:
+    for t in h.tensors:
+        n = t.nbytes
+        if (m := EXPERT_RE.match(t.name)) is not None and int(m.group(1)) < n_layer:
             expert[int(m.group(1))] += n
-        elif (m := LAYER_RE.match(t.name)) is not None:
+        elif (m := LAYER_RE.match(t.name)) is not None and int(m.group(1)) < n_layer:
             layer[int(m.group(1))] += n
         elif t.name.startswith(("output", "fc.", "enc.")):
             output += n
     n_embd = int(key("embedding_length"))
-    n_head = int(key("attention.head_count"))
+    n_head = key("attention.head_count", 1)
+    n_head = max(max(n_head) if isinstance(n_head, list) else int(n_head), 1)
     kv_heads = key("attention.head_count_kv", n_head)
     kv_heads = max(kv_heads) if isinstance(kv_heads, list) else int(kv_heads)
     head_k = int(key("attention.key_length", n_embd // n_head))

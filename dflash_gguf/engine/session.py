@@ -6,8 +6,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import SetupError, UserError
-from ..native.wrappers import ContextSettings, Model, TensorOverride
+from ..errors import RunFailure, SetupError, UserError
+from ..gguf_check import check_drafter, check_fits, check_target
+from ..native.wrappers import ContextSettings, Model, ModelLoadError, TensorOverride
 from ..paths import cache_root
 from ..settings import EngineSettings
 from .drafter import DFlashDrafter
@@ -34,6 +35,14 @@ def default_drafter(target: Path) -> Path:
     return found
 
 
+def _load(path: Path, **kwargs) -> Model:
+    """A validated file that llama.cpp still refuses is a runtime failure (exit 1), named by the message."""
+    try:
+        return Model(path, **kwargs)
+    except ModelLoadError as e:
+        raise RunFailure(str(e)) from e
+
+
 def _overrides(specs: Sequence[str]) -> list[TensorOverride]:
     from ..native.offload import parse_override  # noqa: PLC0415
     return [TensorOverride(*parse_override(s)) for s in specs]
@@ -44,20 +53,19 @@ class Engine:
 
     def __init__(self, settings: EngineSettings, *, speculative: bool = True, calibrate: bool | None = None):
         from ..native.offload import moe_overrides  # noqa: PLC0415
-        target_path = settings.target or default_target()
-        drafter_path = (settings.drafter or default_drafter(target_path)) if speculative else None
+        target_path, drafter_path = check_inputs(settings, speculative=speculative)
         if settings.fit:
             settings = self._fit(settings, target_path, drafter_path)
         self.settings = s = settings
         t_overrides = _overrides(list(s.override_tensor) + moe_overrides(s.n_cpu_moe, s.cpu_moe))
-        self.target_model = Model(target_path, n_gpu_layers=s.n_gpu_layers, overrides=t_overrides,
+        self.target_model = _load(target_path, n_gpu_layers=s.n_gpu_layers, overrides=t_overrides,
                                   main_gpu=s.main_gpu, tensor_split=s.tensor_split or None, rpc_servers=s.rpc)
         self.drafter_model = None
         taps: list[int] = []
         block = 16
         if drafter_path is not None:
             ngl = s.n_gpu_layers if s.draft_n_gpu_layers is None else s.draft_n_gpu_layers
-            self.drafter_model = Model(drafter_path, n_gpu_layers=ngl, overrides=_overrides(s.draft_override_tensor))
+            self.drafter_model = _load(drafter_path, n_gpu_layers=ngl, overrides=_overrides(s.draft_override_tensor))
             taps = self.drafter_model.target_layer_ids()
             block = self.drafter_model.block_size() or 16
         self.draft_max = self._draft_max(block)
@@ -176,6 +184,18 @@ class Engine:
         for m in (self.drafter_model, self.target_model):
             if m is not None:
                 m.close()
+
+
+def check_inputs(settings: EngineSettings, *, speculative: bool = True) -> tuple[Path, Path | None]:
+    """Validate the settings and the target (+ drafter) files before llama.cpp sees them (it aborts on some
+    malformed files); returns their paths, defaults resolved. Cheap: headers only, cached per file."""
+    settings.validate()
+    target_path = settings.target or default_target()
+    target_header = check_target(target_path)
+    drafter_path = (settings.drafter or default_drafter(target_path)) if speculative else None
+    if drafter_path is not None:
+        check_fits(check_drafter(drafter_path), target_header)
+    return target_path, drafter_path
 
 
 def require_native() -> None:

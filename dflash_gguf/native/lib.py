@@ -137,6 +137,7 @@ _LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4}
 
 
 _log_captures: list[list[str]] = []
+_log_holds: list[list[str]] = []
 
 
 @contextlib.contextmanager
@@ -148,6 +149,18 @@ def capture_log():
         yield lines
     finally:
         _log_captures.remove(lines)
+
+
+@contextlib.contextmanager
+def held_log():
+    """Hold back the llama.cpp log lines that would be printed inside the block: the caller folds them into
+    its own one-line error, or prints them (`sys.stderr.write("".join(lines))`) when all went well."""
+    lines: list[str] = []
+    _log_holds.append(lines)
+    try:
+        yield lines
+    finally:
+        _log_holds.remove(lines)
 
 
 def _install_logger(llama_cpp: ModuleType) -> None:
@@ -163,7 +176,10 @@ def _install_logger(llama_cpp: ModuleType) -> None:
         for sink in _log_captures:
             sink.append(message)
         if last_level[0] >= threshold:
-            sys.stderr.write(message)
+            if _log_holds:
+                _log_holds[-1].append(message)
+            else:
+                sys.stderr.write(message)
 
     _install_logger.callback = _log  # keep the ctypes callback alive
     llama_cpp.llama_log_set(_log, None)

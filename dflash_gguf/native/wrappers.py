@@ -7,13 +7,14 @@ model) and turn llama_decode's return codes into distinct exceptions.
 from __future__ import annotations
 
 import ctypes
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from .lib import NativeLibrary, load
+from .lib import NativeLibrary, held_log, load
 
 
 class DecodeError(RuntimeError):
@@ -38,6 +39,15 @@ class ModelLoadError(RuntimeError):
 
 class TapError(RuntimeError):
     """Layer taps requested that the model cannot provide."""
+
+
+def _load_reason(log: list[str]) -> str:
+    """llama.cpp's own reason from its log: `llama_model_load: error loading model: <reason>`."""
+    lines = "".join(log).splitlines()
+    for line in lines:
+        if "error loading model:" in line:
+            return line.split("error loading model:", 1)[1].strip()
+    return lines[-1].strip() if lines else "no reason given"
 
 
 def _decode_error(code: int, what: str) -> DecodeError:
@@ -80,10 +90,12 @@ class Model:
             devices = add_rpc_servers(self.native, rpc_servers)
             self._keepalive.append(devices)
             params.devices = ctypes.cast(devices, ctypes.c_void_p)
-        self.ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
+        with held_log() as log:
+            self.ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
-            raise ModelLoadError(f"{self.path}: llama.cpp could not load this GGUF (see the log above); "
+            raise ModelLoadError(f"{self.path}: llama.cpp could not load this GGUF ({_load_reason(log)}); "
                                  "check that the file is complete and of a supported architecture")
+        sys.stderr.write("".join(log))
         self.vocab = L.llama_model_get_vocab(self.ptr)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.n_embd = L.llama_model_n_embd(self.ptr)

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from ..errors import UserError
+from ..errors import RunFailure, SetupError, UserError
 
 
 def register(app: typer.Typer) -> None:
@@ -50,28 +50,36 @@ def register(app: typer.Typer) -> None:
         plain: bool = typer.Option(False, "--plain", help="serve without speculation (baseline)"),
     ):
         """OpenAI-compatible server (chat, completions, models, health) for Jan, LM Studio and any client."""
-        import uvicorn
+        try:
+            import uvicorn
+        except ImportError:
+            raise SetupError("serve needs the server extra: pip install 'dflash-gguf[server]'") from None
 
-        from ..engine.session import Engine, require_native
-        from ..settings import EngineSettings
+        from ..engine.session import Engine, check_inputs, require_native
+        from ..settings import EngineSettings, parse_tensor_split
         from .app import ServerConfig, create_app
         from .worker import EngineWorker
 
-        require_native()
         target, drafter = _pick_models(model, draft, plain)
         template = None
         if chat_template is not None:
             if not chat_template.is_file():
                 raise UserError(f"--chat-template {chat_template}: no such file")
-            template = chat_template.read_text(encoding="utf-8")
+            template = chat_template.read_text(encoding="utf-8", errors="replace")
         settings = EngineSettings.from_env(
             target=target, drafter=drafter, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers,
             fit=fit or None, draft_max=draft_max, draft_min=draft_min, adaptive=False if no_adaptive else None,
             draft_ctx=draft_ctx, n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe or None,
             override_tensor=tuple(override_tensor) or None, t_mode=t_mode, main_gpu=main_gpu, rpc=rpc,
-            tensor_split=tuple(float(x) for x in tensor_split.split(",")) if tensor_split else None)
+            tensor_split=parse_tensor_split(tensor_split))
+        if max_tokens is not None and max_tokens < 1:
+            raise UserError(f"--max-tokens {max_tokens}: must be >= 1")
+        if not 0 < port < 65536:
+            raise UserError(f"--port {port}: must be in 1..65535")
+        served = check_inputs(settings, speculative=not plain)[0]    # refuse bad files before listening
+        require_native()
         log = lambda msg: print(f"dflash-gguf serve: {msg}", file=sys.stderr, flush=True)  # noqa: E731
-        worker = EngineWorker(lambda: Engine(settings, speculative=not plain), log=log)
+        worker = EngineWorker(lambda: _load_engine(Engine, settings, served, plain), log=log)
         model_id = alias or (target.stem if target else "smollm2-135m-instruct-dflash")
         app = create_app(worker, ServerConfig(model_id, api_key, tuple(cors_origin), max_tokens, template))
         _announce(host, port, api_key, log)
@@ -107,6 +115,16 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"    fits drafter: {d}")
             if not f.drafters and f.architecture != "unreadable":
                 typer.echo("    no drafter found for it (train one: dflash-gguf train)")
+
+
+def _load_engine(engine_class, settings, target: Path, plain: bool):
+    """The engine, or an error naming the model file (shown by /health, every request and the log)."""
+    try:
+        return engine_class(settings, speculative=not plain)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever failed, the person needs to know which file
+        raise RunFailure(f"{target}: {type(e).__name__}: {e}") from e
 
 
 def _pick_models(model: str | None, draft: str | None, plain: bool) -> tuple[Path | None, Path | None]:

@@ -159,19 +159,16 @@ def fits(drafter: Found, target: Found) -> bool:
 
 
 def read_header(found: Found) -> Found:
-    import gguf  # noqa: PLC0415
+    from ..gguf_check import FOREIGN_DRAFTER_ARCHS, check_loadable, parse_header  # noqa: PLC0415
     try:
-        r = gguf.GGUFReader(str(found.path))
-
-        def value(key, default=None):
-            f = r.fields.get(key)
-            return f.contents() if f is not None else default
-
-        arch = value("general.architecture")
+        h = parse_header(found.path)
+        if h.arch not in FOREIGN_DRAFTER_ARCHS:     # (those are read by convert, never by llama.cpp)
+            check_loadable(h)              # what llama.cpp would refuse or abort on is "unreadable" here
+        value = h.value
+        arch = h.arch
         found.architecture = arch
         found.n_embd = int(value(f"{arch}.embedding_length", 0))
-        tokens = r.fields.get("tokenizer.ggml.tokens")
-        found.n_vocab = len(tokens.data) if tokens is not None else 0
+        found.n_vocab = h.n_vocab() or 0
         found.is_drafter = arch in DRAFTER_ARCHS
         if found.is_drafter:
             recorded = value("dflash_gguf.target.n_layer")

@@ -64,6 +64,8 @@ def register(app: typer.Typer) -> None:
     ):
         """Generate training data with the target itself, train the drafter, export a validated GGUF."""
         from ..engine.session import require_native
+        from ..gguf_check import check_target
+        check_target(model)            # the shared validation, before torch loads or llama.cpp sees the file
         from ..native.build import sha256_file
         from ..paths import cache_root
         from .harvest import HarvestSettings
@@ -97,6 +99,8 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"-m {model}: not a readable GGUF target ({type(e).__name__}: {e})") from None
         tap_ids = parse_taps(taps, geometry["n_layer"])
         data = data_dir or dataset_dir(sha256_file(model), prompts_sha256(rows_in), seed)
+        if init_drafter is not None and not init_drafter.is_file():
+            raise UserError(f"--init-drafter {init_drafter}: no such file")
         if import_tokens is not None:
             if not import_tokens.is_file():
                 raise UserError(f"--import-tokens {import_tokens}: no such file")
