@@ -17,9 +17,10 @@ namespace DFLASH_CPU_VARIANT {
 
 namespace {
 
-constexpr int RM = 4;   // weight rows per tile
-// columns per pass: RM x RN accumulators + RN activation vectors + one weight vector fit in the
-// 16 AVX2 / 32 AVX-512 vector registers
+// Weight rows per tile (8 rows for a single column measured no faster: the weights' stream, not the
+// FMA chains, bounds it); columns per pass: RM x RN accumulators + RN activation vectors + one weight
+// vector fit in the 16 AVX2 / 32 AVX-512 vector registers.
+constexpr int RM = 4;
 #if defined(__AVX512F__)
 constexpr int RN_MAX = 6;
 #else
@@ -45,10 +46,13 @@ DFLASH_INLINE float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-// C[j0 + j, i0 + i] for i < rm (<= RM), j < RN
+// C[j0 + j, i0 + i] for i < rm (<= RM), j < RN. `next`: the thread's next tile (or nullptr), fetched in
+// step with this one: the hardware prefetcher does not follow RM interleaved rows well (as in
+// tile_gemm.h's Tile::prefetch_next).
 template <class W, int RN>
 DFLASH_NOINLINE void float_tile(int rm, const char * A, size_t a_row_bytes, const float * B, size_t b_row_floats,
-                                int64_t k, float * C, int64_t ldc) {
+                                int64_t k, float * C, int64_t ldc, const char * next) {
+    constexpr size_t step_bytes = RM * 8 * sizeof(typename W::T);   // weight bytes one k-step reads
     const typename W::T * w[RM];
     for (int i = 0; i < RM; ++i) {
         w[i] = (const typename W::T *) (A + (i < rm ? i : rm - 1) * a_row_bytes);   // extra rows: dropped
@@ -61,6 +65,11 @@ DFLASH_NOINLINE void float_tile(int rm, const char * A, size_t a_row_bytes, cons
     }
     const int64_t k8 = k & ~(int64_t) 7;
     for (int64_t l = 0; l < k8; l += 8) {
+        if (next != nullptr) {
+            for (size_t off = 0; off < step_bytes; off += 64) {
+                _mm_prefetch(next + (l / 8) * step_bytes + off, _MM_HINT_T0);
+            }
+        }
         __m256 x[RN];
         for (int j = 0; j < RN; ++j) {
             x[j] = _mm256_loadu_ps(B + j * b_row_floats + l);
@@ -94,18 +103,20 @@ void float_gemm(int64_t n_rows, int64_t n_cols, int64_t k, const void * A, size_
         const int64_t i0 = t * RM;
         const int rm = (int) (n_rows - i0 < RM ? n_rows - i0 : RM);
         const char * a = (const char *) A + i0 * a_row_bytes;
+        const char * next = t + 1 < tile1 ? a + RM * a_row_bytes : nullptr;
         for (int64_t j0 = 0; j0 < n_cols; j0 += RN_MAX) {
             const int rn = (int) (n_cols - j0 < RN_MAX ? n_cols - j0 : RN_MAX);
             const float * b = B + j0 * b_row_floats;
             float * c = C + j0 * ldc + i0;
+            const char * pf = j0 == 0 ? next : nullptr;   // the first pass streams the weights
             switch (rn) {
-                case 1: float_tile<W, 1>(rm, a, a_row_bytes, b, b_row_floats, k, c, ldc); break;
-                case 2: float_tile<W, 2>(rm, a, a_row_bytes, b, b_row_floats, k, c, ldc); break;
-                case 3: float_tile<W, 3>(rm, a, a_row_bytes, b, b_row_floats, k, c, ldc); break;
+                case 1: float_tile<W, 1>(rm, a, a_row_bytes, b, b_row_floats, k, c, ldc, pf); break;
+                case 2: float_tile<W, 2>(rm, a, a_row_bytes, b, b_row_floats, k, c, ldc, pf); break;
+                case 3: float_tile<W, 3>(rm, a, a_row_bytes, b, b_row_floats, k, c, ldc, pf); break;
 #if defined(__AVX512F__)
-                case 4: float_tile<W, 4>(rm, a, a_row_bytes, b, b_row_floats, k, c, ldc); break;
-                case 5: float_tile<W, 5>(rm, a, a_row_bytes, b, b_row_floats, k, c, ldc); break;
-                case 6: float_tile<W, 6>(rm, a, a_row_bytes, b, b_row_floats, k, c, ldc); break;
+                case 4: float_tile<W, 4>(rm, a, a_row_bytes, b, b_row_floats, k, c, ldc, pf); break;
+                case 5: float_tile<W, 5>(rm, a, a_row_bytes, b, b_row_floats, k, c, ldc, pf); break;
+                case 6: float_tile<W, 6>(rm, a, a_row_bytes, b, b_row_floats, k, c, ldc, pf); break;
 #endif
                 default: GGML_ABORT("dflash cpu float gemm: %d columns per pass", rn);
             }
