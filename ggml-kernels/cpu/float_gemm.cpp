@@ -29,12 +29,14 @@ constexpr int RN_MAX = 3;
 
 struct F32Weights {
     using T = float;
+    static constexpr bool PREFETCH = false;
     static DFLASH_INLINE __m256 load(const float * p) { return _mm256_loadu_ps(p); }
     static DFLASH_INLINE float scalar(float x) { return x; }
 };
 
 struct F16Weights {
     using T = ggml_fp16_t;
+    static constexpr bool PREFETCH = true;
     static DFLASH_INLINE __m256 load(const ggml_fp16_t * p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) p)); }
     static DFLASH_INLINE float scalar(ggml_fp16_t x) { return _cvtsh_ss(x); }
 };
@@ -65,7 +67,7 @@ DFLASH_NOINLINE void float_tile(int rm, const char * A, size_t a_row_bytes, cons
     }
     const int64_t k8 = k & ~(int64_t) 7;
     for (int64_t l = 0; l < k8; l += 8) {
-        if (next != nullptr) {
+        if (W::PREFETCH && next != nullptr) {
             for (size_t off = 0; off < step_bytes; off += 64) {
                 _mm_prefetch(next + (l / 8) * step_bytes + off, _MM_HINT_T0);
             }
