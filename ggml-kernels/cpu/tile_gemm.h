@@ -8,7 +8,9 @@
 // a = d_a * p with p in -127..127. Then per block
 //   sum(w * a) = d * d_a * sum(q * p) + m * d_a * sum(p)
 // with sum(q * p) exact in integers. The format supplies the unpacking of a block of 8 rows into
-// lanes (PackedBlock) and how the min term is added; the rest is here.
+// lanes (PackedBlock, TILED formats) or the integer sums of 8 untransposed rows (dot_rows, up to
+// ROWWISE_MAX columns), and how the min term is added; the rest, including the one float step per
+// block that every path shares (block_fma), is here.
 #pragma once
 
 #include "isa.h"
@@ -184,7 +186,7 @@ DFLASH_INLINE void accumulate_block(const PackedBlock & w, const Activations & a
     }
 }
 
-// Columns j0..j0+RN of one tile without transposing it (formats with Format::ROWWISE, see there):
+// Columns j0..j0+RN of one tile without transposing it (widths up to Format::ROWWISE_MAX, see q8_0_gemm.cpp):
 // per block, Format::dot_rows gives the exact integer sums of the 8 rows for one column.
 template <class Format, int RN>
 DFLASH_NOINLINE void tile_rows(const Tile & t, int64_t n_blocks, const Activations & a, int64_t j0, __m256 * acc) {
