@@ -264,3 +264,12 @@ def assert_same_distribution(counts: np.ndarray, expected: np.ndarray) -> None:
     res = stats.chisquare(obs, exp)
     assert res.pvalue > 0.01, res
     assert stats.chisquare(obs, np.roll(exp, 1) * 0.5 + exp * 0.5).pvalue < 0.01   # the test has power
+
+
+def project_prompts(per_category: int) -> list[str]:
+    """The first prompts of each category (code, math, chat) of the project's own prompt file: real
+    text that every checkout has, so a test never depends on a folder outside the repository."""
+    import json
+    path = Path(__file__).resolve().parent.parent / "dflash_gguf" / "train" / "data" / "prompts.jsonl"
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [r["prompt"] for cat in ("code", "math", "chat") for r in [x for x in rows if x["category"] == cat][:per_category]]

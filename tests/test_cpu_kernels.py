@@ -1,33 +1,35 @@
 """Our CPU kernels (ggml-kernels/cpu, wired in by patches/0003) against references, through ggml itself.
 
 Every product runs as a ggml MUL_MAT in `ggml_graph_compute`, i.e. through the dispatch a model's
-decode uses. Random Q4_1 and Q8_0 weights (quantized by gguf-py) times random activations of
-B = 1..16 columns and one wide batch, for shapes whose rows are not a multiple of the 8-row tile and
-K = 32, 576, 1536:
+decode uses. Random Q4_1, Q8_0, F16 and F32 weights times random activations of B = 1..16 columns
+and one wide batch, for shapes whose rows are not a multiple of the tiles and K = 32, 576, 1536, on
+every instruction-set variant this CPU runs (an AVX-512 machine runs the AVX2 variant too):
 - against float64 products of the dequantized weights: normalized MSE within test-backend-ops' 5e-4
   (what remains is the 8-bit rounding of the activations, ~3e-5);
-- against ggml's stock path (`use_ref`: vec_dot / tinyBLAS), which does the same integer arithmetic:
-  only the float summation order differs, so the two agree to ~1e-13; a wrong row, column or block
-  would not;
-- the dispatch: where our rule (dflash_cpu_gemm_wanted) declines a batch width, the result is
-  bit-identical to the stock path; where it takes it, it is not (other summation order).
+- against ggml's stock path (`use_ref`: vec_dot / tinyBLAS): the same integer arithmetic for the
+  quantized types (only the float summation order differs, ~1e-13); F16 activations rounded to F16
+  by ggml, not by us (~1e-7); a wrong row, column or block would not be that close;
+- batch invariance, bit for bit: column j of a B-column product equals the product of that column
+  alone, for every B; and every variant gives the same bits (integer sums are exact, the float steps
+  are the same __m256 operations on both).
 """
 
 from __future__ import annotations
-
-import ctypes
-from pathlib import Path
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from dflash_gguf.native.lib import _libname, load
+from dflash_gguf.native.cpu_kernels import CpuKernels
+from dflash_gguf.native.lib import load
 from dflash_gguf.native.matmul_probe import MatmulProbe
 
 BATCHES = list(range(1, 17)) + [40]     # 40: wider than one pass on AVX2 and on AVX-512
 NMSE_VS_F32 = 5e-4                      # test-backend-ops' MUL_MAT tolerance
-NMSE_VS_STOCK = 1e-9
+NMSE_VS_STOCK = {"q4_1": 1e-9, "q8_0": 1e-9, "f16": 1e-5, "f32": 1e-9}
+TYPES = ["q4_1", "q8_0", "f16", "f32"]
+SHAPES = [(100, 576, 2), (37, 1536, 2), (13, 32, 1), (576, 576, 1), (11, 44, 2)]   # (n_rows, k, threads)
+CASES = [(t, *shape) for t in TYPES for shape in SHAPES if t in ("f16", "f32") or shape[1] % 32 == 0]
 
 
 def nmse(out: np.ndarray, ref: np.ndarray) -> float:
@@ -39,49 +41,89 @@ def native():
     return load()
 
 
-GGML_TYPE = {"q4_1": 3, "q8_0": 8}
-GGUF_TYPE = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0}
-
-
 @pytest.fixture(scope="module")
-def wanted(native):
-    """dflash_cpu_gemm_wanted(type, n_cols) of this build; always False for a build without our kernels."""
-    cpu = ctypes.CDLL(str(Path(native.lib_dir) / _libname("ggml-cpu")))
-    fn = getattr(cpu, "dflash_cpu_gemm_wanted", None)
-    if fn is None:
-        return lambda weight_type, n: False
-    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int64], ctypes.c_bool
-    return lambda weight_type, n: bool(fn(GGML_TYPE[weight_type], n))
+def kernels(native):
+    k = CpuKernels(native)
+    chosen = k.isa                      # the best variant, or the one DFLASH_CPU_ISA named
+    yield k
+    k.set_isa(chosen)
 
 
-@pytest.mark.parametrize("weight_type", ["q4_1", "q8_0"])
-@pytest.mark.parametrize("n_rows,k,n_threads", [(100, 576, 2), (37, 1536, 2), (13, 32, 1), (576, 576, 1)])
-def test_matmul_matches_references(native, wanted, weight_type, n_rows, k, n_threads):
-    rng = np.random.default_rng(n_rows * 7919 + k)
+def _weights(weight_type: str, n_rows: int, k: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """(raw rows in ggml's layout, dequantized float64 [n_rows, k])"""
     w = rng.standard_normal((n_rows, k), dtype=np.float32)
     w[:, : k // 2] += 0.5                           # blocks with a clearly non-zero min (Q4_1)
-    raw = quants.quantize(w, GGUF_TYPE[weight_type])
-    w_deq = quants.dequantize(raw, GGUF_TYPE[weight_type]).astype(np.float64)   # [n_rows, k]
+    if weight_type == "f32":
+        return w.view(np.uint8).reshape(n_rows, -1), w.astype(np.float64)
+    if weight_type == "f16":
+        h = w.astype(np.float16)
+        return h.view(np.uint8).reshape(n_rows, -1), h.astype(np.float64)
+    gt = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0}[weight_type]
+    raw = quants.quantize(w, gt)
+    return raw, quants.dequantize(raw, gt).astype(np.float64)
 
+
+def test_the_best_runnable_variant_is_chosen(kernels):
+    runnable = kernels.runnable()
+    assert "avx2" in runnable and "none" in runnable, runnable   # CI machines are x86 with AVX2
+    assert kernels.isa == runnable[0] or kernels.isa == "avx2"   # best, or DFLASH_CPU_ISA=avx2
+    assert not kernels.set_isa("sse9")
+
+
+@pytest.mark.parametrize("weight_type,n_rows,k,n_threads", CASES)
+def test_matmul_matches_references_and_is_batch_invariant(native, kernels, weight_type, n_rows, k, n_threads):
+    chosen = kernels.isa
+    rng = np.random.default_rng(n_rows * 7919 + k)
+    raw, w_deq = _weights(weight_type, n_rows, k, rng)
     probe = MatmulProbe(native, weight_type, [(n_rows, k)], BATCHES)
     probe.set_weights(0, raw)
-    taken_and_differs = []
-    for n in BATCHES:
-        x = rng.standard_normal((n, k), dtype=np.float32)
-        probe.set_activations(x)
-        probe.compute(n, n_threads)
-        ours = probe.result(n)                      # [n, n_rows]
-        probe.compute(n, n_threads, use_ref=True)
-        stock = probe.result(n)
-        ref = x.astype(np.float64) @ w_deq.T
-        assert np.isfinite(ours).all()
-        assert nmse(ours, ref) <= NMSE_VS_F32, f"B={n}: far from the float reference"
-        assert nmse(ours, stock) <= NMSE_VS_STOCK, f"B={n}: differs from ggml's stock path beyond rounding"
-        if wanted(weight_type, n):
-            taken_and_differs.append(not np.array_equal(ours, stock))
-        else:
-            assert np.array_equal(ours, stock), f"B={n}: declined by the rule, yet not ggml's own result"
-    if taken_and_differs:
-        # our kernels sum in another order than ggml, so bit-identical results mean they never ran
-        assert any(taken_and_differs), f"{weight_type} products never went through ggml-kernels/cpu"
+    x = {n: rng.standard_normal((n, k), dtype=np.float32) for n in BATCHES}
+    by_isa = {}
+    for isa in [i for i in kernels.runnable() if i != "none"]:
+        assert kernels.set_isa(isa)
+        ours = {}
+        for n in BATCHES:
+            probe.set_activations(x[n])
+            probe.compute(n, n_threads)
+            ours[n] = probe.result(n)                   # [n, n_rows]
+            probe.compute(n, n_threads, use_ref=True)
+            stock = probe.result(n)
+            ref = x[n].astype(np.float64) @ w_deq.T
+            assert np.isfinite(ours[n]).all()
+            assert nmse(ours[n], ref) <= NMSE_VS_F32, f"{isa} B={n}: far from the float reference"
+            assert nmse(ours[n], stock) <= NMSE_VS_STOCK[weight_type], f"{isa} B={n}: far from ggml's stock path"
+        for n in BATCHES[1:]:                           # each column alone, through the B = 1 graph
+            for j in range(n):
+                probe.set_activations(x[n][j:j + 1])
+                probe.compute(1, n_threads)
+                alone = probe.result(1)[0]
+                assert np.array_equal(ours[n][j].view(np.uint32), alone.view(np.uint32)), \
+                    f"{isa} {weight_type}: column {j} of B={n} differs from the same column alone"
+        by_isa[isa] = ours
+    kernels.set_isa(chosen)
+    first = next(iter(by_isa.values()))
+    for isa, ours in by_isa.items():
+        for n in BATCHES:
+            assert np.array_equal(ours[n].view(np.uint32), first[n].view(np.uint32)), f"{isa} differs, B={n}"
+    probe.close()
+
+
+@pytest.mark.parametrize("weight_type", TYPES)
+def test_isa_none_is_ggmls_own_path(native, kernels, weight_type):
+    """With our kernels switched off the dispatch steps aside completely: bit-identical to use_ref."""
+    rng = np.random.default_rng(5)
+    raw, _ = _weights(weight_type, 40, 64, rng)
+    probe = MatmulProbe(native, weight_type, [(40, 64)], [1, 5])
+    probe.set_weights(0, raw)
+    chosen = kernels.isa
+    assert kernels.set_isa("none")
+    try:
+        for n in (1, 5):
+            probe.set_activations(rng.standard_normal((n, 64), dtype=np.float32))
+            probe.compute(n, 2)
+            ours = probe.result(n)
+            probe.compute(n, 2, use_ref=True)
+            assert np.array_equal(ours, probe.result(n))
+    finally:
+        kernels.set_isa(chosen)
     probe.close()

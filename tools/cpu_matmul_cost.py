@@ -30,8 +30,14 @@ MODEL_SHAPES = {
 }
 
 
+# (n_vocab, n_embd) of an output head, timed on its own (SmolLM2's Q4_1 file keeps it in Q8_0)
+HEAD_SHAPES = {"smollm2-head": (49152, 576)}
+
+
 def layer_shapes(model: str) -> list[tuple[int, int]]:
     """[(n_rows, k)] of every linear layer (q, k, v, o, gate, up, down), in graph order."""
+    if model in HEAD_SHAPES:
+        return [HEAD_SHAPES[model]]
     e, q, kv, ff, n_layer = MODEL_SHAPES[model]
     return [(q, e), (kv, e), (kv, e), (e, q), (ff, e), (ff, e), (e, ff)] * n_layer
 
@@ -39,7 +45,7 @@ def layer_shapes(model: str) -> list[tuple[int, int]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--type", default="q4_1")
-    ap.add_argument("--model", default="smollm2", choices=sorted(MODEL_SHAPES))
+    ap.add_argument("--model", default="smollm2", choices=sorted(MODEL_SHAPES) + sorted(HEAD_SHAPES))
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--batches", default=None, help="comma list instead of 1..max-batch")
     ap.add_argument("--reps", type=int, default=9)
@@ -48,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ggml-dir", type=Path, default=None,
                     help="time the libggml-base/libggml-cpu of this build folder instead of the project's libraries")
+    ap.add_argument("--isa", default=None, choices=["avx512", "avx2"],
+                    help="run our kernels' variant for this instruction set (default: the best the CPU runs)")
     ap.add_argument("--cpu-clock", action="store_true",
                     help="with --threads 1: time this thread's CPU time (robust on a busy machine)")
     a = ap.parse_args(argv)
@@ -65,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         native = load()
     probe = MatmulProbe(native, a.type, shapes, batches)
+    if a.isa:
+        from dflash_gguf.native.cpu_kernels import CpuKernels
+        if not CpuKernels(native).set_isa(a.isa):
+            ap.error(f"this CPU (or this build) cannot run the {a.isa} variant")
     rng = np.random.default_rng(a.seed)
     quantized: dict[tuple[int, int], np.ndarray] = {}
     for i, shape in enumerate(shapes):   # one random matrix per shape, copied into every layer
@@ -88,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out: dict = {"type": a.type, "model": a.model, "threads": a.threads, "reps": a.reps,
                  "clock": "thread_cpu" if a.cpu_clock else "wall",
-                 "lib_dir": str(native.lib_dir), "paths": {}}
+                 "lib_dir": str(native.lib_dir), "isa": a.isa or "best", "paths": {}}
     for p in paths:
         t1 = statistics.median(times[batches[0], p])
         out["paths"][p] = {n: {"median_ms": round(statistics.median(times[n, p]) * 1e3, 3),

@@ -1,31 +1,107 @@
-// dflash-gguf: which weight types and batch widths go to our CPU kernels (see gemm.h).
+// dflash-gguf: which weight types and batch widths go to our CPU kernels, and which instruction-set
+// variant runs them (see gemm.h, isa.h).
 
 #include "gemm.h"
 
-#include "tile_gemm.h"
+#include "isa.h"
 
-// Measured against ggml's own path: ggml_graph_compute of the 210 matrices of SmolLM2-135M (30 layers,
-// streamed from memory), one thread, thread CPU time, medians of 3-5 runs; ours / ggml's time.
-//
-// Q4_1 (ggml: vec_dot per row and column) -- every batch width:
-//   AVX512-VNNI (Zen 4, -march=native): B=1 0.55-0.75, B=2 0.34, B=4 0.26, B=8 0.21, B=16 0.19, B=512 0.20
-//   AVX2 build (-mavx2 -mfma -mf16c):   B=1 0.71,      B=2 0.39, B=4 0.31, B=8 0.27, B=16 0.29
-//
-// Q8_0 (ggml: vec_dot at B=1, tinyBLAS above) -- VNNI only, from 2 columns:
-//   AVX512-VNNI: B=1 1.09-1.27 (memory-bound; stays with vec_dot), B=2 0.34, B=3 0.30, B=4 0.32,
-//                B=8 0.34, B=12 0.37, B=16 0.39, B=64 0.48
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+// DFLASH_CPU_VARIANTS: set by the build where it compiled the avx2 and avx512 variants (x86, GCC/Clang)
+#if DFLASH_CPU_VARIANTS
+#include <cpuid.h>
+#endif
+
+namespace {
+
+enum Isa { ISA_UNSET = -1, ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+
+const char * const ISA_NAMES[] = {"none", "avx2", "avx512"};
+
+bool cpu_runs(Isa isa) {
+#if DFLASH_CPU_VARIANTS
+    if (isa == ISA_NONE) {
+        return true;
+    }
+    unsigned a, b, c, d;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+    if (isa == ISA_AVX2) {
+        return avx2;
+    }
+    return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+    return isa == ISA_NONE;
+#endif
+}
+
+Isa best_isa() {
+    return cpu_runs(ISA_AVX512) ? ISA_AVX512 : cpu_runs(ISA_AVX2) ? ISA_AVX2 : ISA_NONE;
+}
+
+bool parse(const char * name, Isa & out) {
+    if (name == nullptr || std::strcmp(name, "auto") == 0 || name[0] == '\0') {
+        out = best_isa();
+        return true;
+    }
+    for (int i = 0; i < 3; ++i) {
+        if (std::strcmp(name, ISA_NAMES[i]) == 0) {
+            out = (Isa) i;
+            return cpu_runs(out);
+        }
+    }
+    return false;
+}
+
+std::atomic<int> g_isa{ISA_UNSET};
+
+Isa current_isa() {
+    int isa = g_isa.load(std::memory_order_relaxed);
+    if (isa == ISA_UNSET) {
+        Isa chosen;
+        if (!parse(std::getenv("DFLASH_CPU_ISA"), chosen)) {
+            chosen = best_isa();   // an unknown or unsupported request: the best this CPU runs
+        }
+        int expected = ISA_UNSET;
+        g_isa.compare_exchange_strong(expected, chosen);
+        isa = g_isa.load(std::memory_order_relaxed);
+    }
+    return (Isa) isa;
+}
+
+}  // namespace
+
+extern "C" const char * dflash_cpu_isa(void) {
+    return ISA_NAMES[current_isa()];
+}
+
+extern "C" bool dflash_cpu_set_isa(const char * isa) {
+    Isa chosen;
+    if (!parse(isa, chosen)) {
+        return false;
+    }
+    g_isa.store(chosen);
+    return true;
+}
+
+// Every width of a covered type goes to our kernels, one column too: ggml's own paths pick a
+// different summation order per width (vec_dot for one column, tinyBLAS for more), which made verify
+// rows differ from single-token decoding in the last bits. Measured against ggml's own path with
+// tools/cpu_matmul_cost.py (all 210 SmolLM2-135M matrices, 2 threads): see README, The native layer.
 extern "C" bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols) {
+    if (n_cols < 1 || current_isa() == ISA_NONE) {
+        return false;
+    }
     switch (type) {
-#if DFLASH_CPU_GEMM_X86
         case GGML_TYPE_Q4_1:
-            return n_cols >= 1;
-#endif
-#if DFLASH_CPU_GEMM_VNNI
         case GGML_TYPE_Q8_0:
-            return n_cols >= 2;
-#endif
+        case GGML_TYPE_F16:
+        case GGML_TYPE_F32:
+            return true;
         default:
-            (void) n_cols;
             return false;
     }
 }
@@ -33,12 +109,44 @@ extern "C" bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols) {
 extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t n_blocks,
                                 const void * A, size_t a_row_bytes, const void * B, size_t b_row_bytes,
                                 float * C, int64_t ldc, int ith, int nth) {
+    const Isa isa = current_isa();
+    if (isa == ISA_NONE) {
+        return false;
+    }
+#if DFLASH_CPU_VARIANTS
     switch (type) {
         case GGML_TYPE_Q4_1:
-            return dflash_cpu::gemm_q4_1(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);
+            return isa == ISA_AVX512
+                       ? dflash_cpu::avx512::gemm_q4_1(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth)
+                       : dflash_cpu::avx2::gemm_q4_1(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);
         case GGML_TYPE_Q8_0:
-            return dflash_cpu::gemm_q8_0(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);
+            return isa == ISA_AVX512
+                       ? dflash_cpu::avx512::gemm_q8_0(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth)
+                       : dflash_cpu::avx2::gemm_q8_0(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);
         default:
             return false;
     }
+#else
+    (void) type; (void) n_rows; (void) n_cols; (void) n_blocks; (void) A; (void) a_row_bytes; (void) B;
+    (void) b_row_bytes; (void) C; (void) ldc; (void) ith; (void) nth;
+    return false;
+#endif
+}
+
+extern "C" bool dflash_cpu_gemm_f32_act(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t k,
+                                        const void * A, size_t a_row_bytes, const float * B, size_t b_row_bytes,
+                                        float * C, int64_t ldc, int ith, int nth) {
+    const Isa isa = current_isa();
+    if (isa == ISA_NONE) {
+        return false;
+    }
+#if DFLASH_CPU_VARIANTS
+    return isa == ISA_AVX512
+               ? dflash_cpu::avx512::gemm_float(type, n_rows, n_cols, k, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth)
+               : dflash_cpu::avx2::gemm_float(type, n_rows, n_cols, k, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);
+#else
+    (void) type; (void) n_rows; (void) n_cols; (void) k; (void) A; (void) a_row_bytes; (void) B;
+    (void) b_row_bytes; (void) C; (void) ldc; (void) ith; (void) nth;
+    return false;
+#endif
 }

@@ -1,11 +1,16 @@
-// dflash-gguf: quantized weight x activation matrix multiplies for ggml's CPU backend (x86).
+// dflash-gguf: weight x activation matrix multiplies for ggml's CPU backend (x86).
 //
-// ggml-cpu multiplies Q4_1 weights by a separate vec_dot per (row, column) pair, decoding each weight
-// block again for every column (no tinyBLAS or repack path: Q4_1's per-block min pairs with the
-// s = d*sum(q) of Q8_1 activations), and its tinyBLAS path for Q8_0 costs 3-4x a single row already at
-// 2 columns. These kernels decode a tile of 8 weight rows once per block, transposed so that vector
-// lane r holds row r, and reuse it for every column: per column and block 8 integer dot steps plus a
-// scale FMA cover all 8 rows, with no horizontal sums (tile_gemm.h).
+// Batch invariance: every kernel here computes an output (weight row i, activation column j) with a
+// summation order that does not depend on how many columns the product has, and the dispatch sends
+// every width of a covered type (one column too) to the same kernel family. So the logits of a row of
+// a verify batch equal, bit for bit, those of the same token decoded alone (tests/test_cpu_kernels.py,
+// tests/test_exactness.py). Covered: Q4_1, Q8_0 (quantized activations, tile_gemm.h), F16, F32
+// (float_gemm.cpp). Other types keep ggml's own paths.
+//
+// Speed: ggml-cpu multiplies Q4_1 weights by a separate vec_dot per (row, column) pair, decoding each
+// weight block again for every column, and its tinyBLAS path for Q8_0 costs 3-4x a single row already
+// at 2 columns. The quantized kernels decode a tile of 8 weight rows once per block, transposed so
+// that vector lane r holds row r, and reuse it for every column (tile_gemm.h).
 #pragma once
 
 #include "ggml.h"
@@ -18,18 +23,34 @@
 extern "C" {
 #endif
 
-// Whether a kernel for weights of `type` is compiled in for this CPU and measured faster than ggml's
-// own path for a batch of n_cols activation columns (the rule and its measurements: gemm.cpp).
+// Whether our kernels take a product of weights of `type` with n_cols activation columns on this CPU
+// (the rule and its measurements: gemm.cpp). F16 and F32 weights go to dflash_cpu_gemm_f32_act, the
+// quantized types to dflash_cpu_gemm.
 bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols);
 
 // C[j*ldc + i] = dot(row i of A, row j of B) for i < n_rows, j < n_cols. A: n_rows rows of n_blocks
 // blocks of `type` (row stride a_row_bytes); B: n_cols rows of n_blocks blocks of that type's
 // vec_dot_type (Q8_1 for Q4_1, Q8_0 for Q8_0; row stride b_row_bytes); C: float, column stride ldc
 // floats. Thread ith of nth computes its share of the rows; together they cover all of them.
-// Returns false (and writes nothing) when no kernel for `type` is compiled in.
+// Returns false (and writes nothing) when no kernel for `type` runs on this CPU.
 bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t n_blocks,
                      const void * A, size_t a_row_bytes, const void * B, size_t b_row_bytes,
                      float * C, int64_t ldc, int ith, int nth);
+
+// The same for F16 / F32 weights of k values per row and F32 activations read in place (B: n_cols
+// rows of k floats, row stride b_row_bytes).
+bool dflash_cpu_gemm_f32_act(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t k,
+                             const void * A, size_t a_row_bytes, const float * B, size_t b_row_bytes,
+                             float * C, int64_t ldc, int ith, int nth);
+
+// The instruction-set variant our kernels run with: "avx512", "avx2" or "none" (ggml's own paths).
+// Chosen at first use from the CPU, unless the environment variable DFLASH_CPU_ISA names one
+// ("avx2" on an AVX-512 machine runs what AVX2-only machines run).
+const char * dflash_cpu_isa(void);
+
+// Switch the variant ("auto", "avx512", "avx2", "none"); false (and no change) when this CPU cannot
+// run it. Call between graph computations.
+bool dflash_cpu_set_isa(const char * isa);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@
 #include "tile_gemm.h"
 
 namespace dflash_cpu {
+namespace DFLASH_CPU_VARIANT {
 
 #if DFLASH_CPU_GEMM_X86
 
@@ -15,6 +16,8 @@ struct Q4_1 {
     using Block = block_q4_1;
     using ActBlock = block_q8_1;
     static constexpr bool FLOAT_MIN = true;
+    static constexpr bool TILED = true;           // every batch width through the transposed tile
+    static constexpr int64_t ROWWISE_MAX = 0;
 
     static ColumnScale column_scale(const block_q8_1 & y) {
         const uint32_t ds = load_u32(&y);   // d, then s: the two fp16 that open a block
@@ -71,4 +74,5 @@ bool gemm_q4_1(int64_t, int64_t, int64_t, const void *, size_t, const void *, si
 
 #endif
 
+}  // namespace DFLASH_CPU_VARIANT
 }  // namespace dflash_cpu

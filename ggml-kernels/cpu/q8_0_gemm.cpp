@@ -1,22 +1,48 @@
 // dflash-gguf: Q8_0 weights x Q8_0 activations (see tile_gemm.h).
 //
-// w = d * q with q in -127..127. The unsigned x signed dot steps take q + 128 (1..255), so
-// sum(q * p) = sum((q + 128) * p) - 128 * sum(p), with 128 * sum(p) of each activation block computed
-// once per product: exact in integers. The products (q + 128) * p overflow the int16 pairs of AVX2's
-// maddubs, so this kernel needs VNNI (vpdpbusd) and is not compiled without it.
+// w = d * q with q in -128..127, a = d_a * p with p in -127..127 (ggml's quantize_row_q8_0). Two ways
+// to the exact integer sums sum(q * p) of a block, one float step after them (block_fma), so every
+// way gives the same bits:
+// - transposed tile (VNNI, 2+ columns): unsigned x signed dot steps take q + 128 (0..255), and
+//   sum(q * p) = sum((q + 128) * p) - 128 * sum(p), with 128 * sum(p) computed once per activation
+//   block. (q + 128) * p overflows the int16 pairs of AVX2's maddubs, hence VNNI only.
+// - row-wise (dot_rows): each weight row's 32 bytes against the column's 32, reduced to one sum per
+//   row. With VNNI for a single column, where the tile's transpose is not paid back (it measured
+//   1.09-1.27x ggml's vec_dot there); without VNNI for every width: maddubs(|q|, sign(p, q)) keeps
+//   the pairs within int16 (2 * 128 * 127 < 32768).
 
 #include "tile_gemm.h"
 
 namespace dflash_cpu {
+namespace DFLASH_CPU_VARIANT {
 
-#if DFLASH_CPU_GEMM_VNNI
+#if DFLASH_CPU_GEMM_X86
 
 namespace {
+
+// sum of each 32-bit lane of 8 vectors, one lane per vector: lane r = sum of v[r]'s 8 lanes
+DFLASH_INLINE __m256i sum_lanes(const __m256i (&v)[TILE_ROWS]) {
+    const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]);
+    const __m256i h23 = _mm256_hadd_epi32(v[2], v[3]);
+    const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]);
+    const __m256i h67 = _mm256_hadd_epi32(v[6], v[7]);
+    const __m256i h0123 = _mm256_hadd_epi32(h01, h23);   // rows 0..3: low half, then high half
+    const __m256i h4567 = _mm256_hadd_epi32(h45, h67);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
+                            _mm256_permute2x128_si256(h0123, h4567, 0x31));
+}
 
 struct Q8_0 {
     using Block = block_q8_0;
     using ActBlock = block_q8_0;
     static constexpr bool FLOAT_MIN = false;
+#if DFLASH_CPU_GEMM_VNNI
+    static constexpr bool TILED = true;
+    static constexpr int64_t ROWWISE_MAX = 1;
+#else
+    static constexpr bool TILED = false;
+    static constexpr int64_t ROWWISE_MAX = INT64_MAX;
+#endif
 
     static ColumnScale column_scale(const block_q8_0 & y) {
         int32_t sum = 0;
@@ -28,6 +54,41 @@ struct Q8_0 {
         return ColumnScale{_cvtsh_ss(d), 0.0f, 128 * sum};
     }
 
+    // d of the 8 rows' blocks, lane r = row r
+    static DFLASH_INLINE __m256 row_scales(const block_q8_0 * (&r)[TILE_ROWS]) {
+        uint16_t d[TILE_ROWS];
+        for (int i = 0; i < TILE_ROWS; ++i) {
+            memcpy(&d[i], r[i], sizeof d[i]);
+        }
+        return _mm256_cvtph_ps(_mm_setr_epi16((short) d[0], (short) d[1], (short) d[2], (short) d[3],
+                                              (short) d[4], (short) d[5], (short) d[6], (short) d[7]));
+    }
+
+    // exact sum(q * p) of the 8 rows' blocks with one activation block p, lane r = row r
+    static DFLASH_INLINE __m256i dot_rows(const block_q8_0 * (&r)[TILE_ROWS], const int8_t * p,
+                                          const ColumnScale & c) {
+        const __m256i pv = _mm256_loadu_si256((const __m256i *) p);
+        __m256i v[TILE_ROWS];
+#if DFLASH_CPU_GEMM_VNNI
+        const __m256i flip = _mm256_set1_epi8((char) 0x80);   // q + 128 as unsigned bytes
+        for (int i = 0; i < TILE_ROWS; ++i) {
+            const __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *) r[i]->qs), flip);
+            v[i] = DFLASH_DPBUSD(_mm256_setzero_si256(), q, pv);
+        }
+        return _mm256_sub_epi32(sum_lanes(v), _mm256_set1_epi32(c.bias));
+#else
+        (void) c;
+        const __m256i ones = _mm256_set1_epi16(1);
+        for (int i = 0; i < TILE_ROWS; ++i) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *) r[i]->qs);
+            const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(pv, q));
+            v[i] = _mm256_madd_epi16(pairs, ones);
+        }
+        return sum_lanes(v);
+#endif
+    }
+
+#if DFLASH_CPU_GEMM_VNNI
     // Block b of a tile, transposed into lanes (see PackedBlock): an 8x8 transpose of 32-bit groups.
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
         const block_q8_0 * r[TILE_ROWS];
@@ -55,14 +116,10 @@ struct Q8_0 {
             out.q[k]     = _mm256_xor_si256(_mm256_permute2x128_si256(u[k], u[k + 4], 0x20), flip);
             out.q[k + 4] = _mm256_xor_si256(_mm256_permute2x128_si256(u[k], u[k + 4], 0x31), flip);
         }
-        uint16_t d[TILE_ROWS];
-        for (int i = 0; i < TILE_ROWS; ++i) {
-            memcpy(&d[i], r[i], sizeof d[i]);
-        }
-        out.d = _mm256_cvtph_ps(_mm_setr_epi16((short) d[0], (short) d[1], (short) d[2], (short) d[3],
-                                               (short) d[4], (short) d[5], (short) d[6], (short) d[7]));
+        out.d = row_scales(r);
         out.m = _mm256_setzero_ps();
     }
+#endif
 };
 
 }  // namespace
@@ -81,4 +138,5 @@ bool gemm_q8_0(int64_t, int64_t, int64_t, const void *, size_t, const void *, si
 
 #endif
 
+}  // namespace DFLASH_CPU_VARIANT
 }  // namespace dflash_cpu

@@ -1,14 +1,19 @@
 // dflash-gguf: the shared x86 skeleton of our CPU matrix multiplies (internal to ggml-kernels/cpu).
 //
+// Compiled once per instruction set (CMake: -DDFLASH_CPU_VARIANT=avx2 or avx512, see isa.h); the
+// kernels land in namespace dflash_cpu::<variant> and gemm.cpp picks one at run time.
+//
 // A weight format describes one block of 32 weights of a row as w = d * q + m with q unsigned
 // (Q4_1: q in 0..15 and its min m; Q8_0: q + 128 in 1..255 and m = -128 d), and activations as
 // a = d_a * p with p in -127..127. Then per block
 //   sum(w * a) = d * d_a * sum(q * p) + m * d_a * sum(p)
 // with sum(q * p) exact in integers. The format supplies the unpacking of a block of 8 rows into
-// lanes (PackedBlock) and how the min term is added; the rest is here.
+// lanes (PackedBlock, TILED formats) or the integer sums of 8 untransposed rows (dot_rows, up to
+// ROWWISE_MAX columns), and how the min term is added; the rest, including the one float step per
+// block that every path shares (block_fma), is here.
 #pragma once
 
-#include "ggml.h"
+#include "isa.h"
 
 #define GGML_COMMON_DECL_CPP
 #include "ggml-common.h"
@@ -23,15 +28,15 @@
 // u8 x s8 dot products without int16 saturation (needed by 8-bit unsigned weights)
 #if DFLASH_CPU_GEMM_X86 && ((defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__))
 #define DFLASH_CPU_GEMM_VNNI 1
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DFLASH_DPBUSD _mm256_dpbusd_epi32
+#else
+#define DFLASH_DPBUSD _mm256_dpbusd_avx_epi32
+#endif
 #endif
 
 namespace dflash_cpu {
-
-// one kernel per weight format (q4_1_gemm.cpp, q8_0_gemm.cpp); false when not compiled for this CPU
-bool gemm_q4_1(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,
-               const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth);
-bool gemm_q8_0(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,
-               const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth);
+namespace DFLASH_CPU_VARIANT {
 
 #if DFLASH_CPU_GEMM_X86
 
@@ -59,6 +64,7 @@ namespace {
 constexpr int TILE_ROWS = 8;   // one weight row per float lane of a __m256
 constexpr int DIRECT_MAX = DFLASH_CPU_GEMM_DIRECT_MAX;
 constexpr int PACKED_RN = DFLASH_CPU_GEMM_PACKED_RN;
+constexpr int ROW_RN = 4;      // columns per row-wise pass (the tile's rows stay in L1 between passes)
 constexpr int MAX_RN = DIRECT_MAX > PACKED_RN ? DIRECT_MAX : PACKED_RN;
 
 DFLASH_INLINE uint32_t load_u32(const void * p) {
@@ -132,18 +138,12 @@ struct Tile {
 // sum over the block of q * p for the 8 rows of a packed block and 32 activation quants p
 DFLASH_INLINE __m256i dot_block(const PackedBlock & w, const int8_t * p) {
 #if DFLASH_CPU_GEMM_VNNI
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define DFLASH_DPBUSD _mm256_dpbusd_epi32
-#else
-#define DFLASH_DPBUSD _mm256_dpbusd_avx_epi32
-#endif
     __m256i even = _mm256_setzero_si256();
     __m256i odd = _mm256_setzero_si256();
     for (int k = 0; k < 8; k += 2) {
         even = DFLASH_DPBUSD(even, w.q[k],     _mm256_set1_epi32((int) load_u32(p + 4 * k)));
         odd  = DFLASH_DPBUSD(odd,  w.q[k + 1], _mm256_set1_epi32((int) load_u32(p + 4 * k + 4)));
     }
-#undef DFLASH_DPBUSD
     return _mm256_add_epi32(even, odd);
 #else
     // 4-bit q only: int16 partial sums |q*p + q*p| <= 2*15*127 = 3810, 8 steps <= 30480 < 32767
@@ -157,6 +157,20 @@ DFLASH_INLINE __m256i dot_block(const PackedBlock & w, const int8_t * p) {
 #endif
 }
 
+// The float step every kernel of a format shares, whatever computed the exact integer block sums:
+// acc += isum * (d * d_a) [+ m * s]. Keeping this sequence (and the block order) fixed per output
+// makes a column's result independent of the batch width and of the instruction set that produced
+// isum: integer sums are exact, so only these roundings count.
+template <class Format>
+DFLASH_INLINE __m256 block_fma(__m256i isum, __m256 d, __m256 m, const ColumnScale & c, __m256 acc) {
+    const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(c.d));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
+    if (Format::FLOAT_MIN) {
+        acc = _mm256_fmadd_ps(m, _mm256_set1_ps(c.s), acc);
+    }
+    return acc;
+}
+
 // acc[j] += one weight block (8 rows) times block b of activation columns j0 + j, j < RN
 template <class Format, int RN>
 DFLASH_INLINE void accumulate_block(const PackedBlock & w, const Activations & a, int64_t b, int64_t j0,
@@ -168,11 +182,32 @@ DFLASH_INLINE void accumulate_block(const PackedBlock & w, const Activations & a
         if (!Format::FLOAT_MIN) {
             isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(scale[j].bias));
         }
-        const __m256 dd = _mm256_mul_ps(w.d, _mm256_set1_ps(scale[j].d));
-        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc[j]);
-        if (Format::FLOAT_MIN) {
-            acc[j] = _mm256_fmadd_ps(w.m, _mm256_set1_ps(scale[j].s), acc[j]);
+        acc[j] = block_fma<Format>(isum, w.d, w.m, scale[j], acc[j]);
+    }
+}
+
+// Columns j0..j0+RN of one tile without transposing it (widths up to Format::ROWWISE_MAX, see q8_0_gemm.cpp):
+// per block, Format::dot_rows gives the exact integer sums of the 8 rows for one column.
+template <class Format, int RN>
+DFLASH_NOINLINE void tile_rows(const Tile & t, int64_t n_blocks, const Activations & a, int64_t j0, __m256 * acc) {
+    __m256 sum[RN];
+    for (int j = 0; j < RN; ++j) {
+        sum[j] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        t.prefetch_next(b);
+        const typename Format::Block * r[TILE_ROWS];
+        t.rows(b, r);
+        const __m256 d = Format::row_scales(r);
+        const int8_t * q = a.q + (b * a.n_cols + j0) * QK8_0;
+        const ColumnScale * scale = a.scale + b * a.n_cols + j0;
+        for (int j = 0; j < RN; ++j) {
+            const __m256i isum = Format::dot_rows(r, q + j * QK8_0, scale[j]);
+            sum[j] = block_fma<Format>(isum, d, _mm256_setzero_ps(), scale[j], sum[j]);
         }
+    }
+    for (int j = 0; j < RN; ++j) {
+        acc[j] = sum[j];
     }
 }
 
@@ -216,38 +251,54 @@ DFLASH_NOINLINE void tile_packed(const PackedBlock * w, const Tile * prefetch, i
     }
 }
 
-// rn columns from j0 of one tile: straight from the weight rows (packed == nullptr, rn <= DIRECT_MAX)
-// or from its unpacking (rn <= PACKED_RN)
+// rn columns from j0 of one tile: row-wise (rowwise, rn <= ROW_RN), straight from the weight rows
+// (packed == nullptr, rn <= DIRECT_MAX) or from its unpacking (rn <= PACKED_RN)
 template <class Format>
-void tile_columns(int rn, const Tile & t, const PackedBlock * packed, int64_t n_blocks, const Activations & a,
-                  int64_t j0, __m256 * acc) {
+void tile_columns(int rn, bool rowwise, const Tile & t, const PackedBlock * packed, int64_t n_blocks,
+                  const Activations & a, int64_t j0, __m256 * acc) {
+    if constexpr (Format::ROWWISE_MAX > 0) {
+        if (rowwise) {
+            GGML_ASSERT(rn <= ROW_RN);
+            switch (rn) {
+                case 1: tile_rows<Format, 1>(t, n_blocks, a, j0, acc); return;
+                case 2: tile_rows<Format, 2>(t, n_blocks, a, j0, acc); return;
+                case 3: tile_rows<Format, 3>(t, n_blocks, a, j0, acc); return;
+                case 4: tile_rows<Format, 4>(t, n_blocks, a, j0, acc); return;
+                default: GGML_ABORT("dflash cpu gemm: %d row-wise columns per pass", rn);
+            }
+        }
+    }
+    if constexpr (Format::TILED) {
 #define DFLASH_CPU_GEMM_CASE(RN) \
         case RN: packed ? tile_packed<Format, (RN <= PACKED_RN ? RN : 1)>(packed, j0 == 0 ? &t : nullptr, \
                                                                           n_blocks, a, j0, acc) \
                         : tile_direct<Format, (RN <= DIRECT_MAX ? RN : 1)>(t, n_blocks, a, j0, acc); break;
-    GGML_ASSERT(rn <= (packed ? PACKED_RN : DIRECT_MAX));
-    switch (rn) {
-        DFLASH_CPU_GEMM_CASE(1)
-        DFLASH_CPU_GEMM_CASE(2)
-        DFLASH_CPU_GEMM_CASE(3)
-        DFLASH_CPU_GEMM_CASE(4)
-        DFLASH_CPU_GEMM_CASE(5)
-        DFLASH_CPU_GEMM_CASE(6)
-        DFLASH_CPU_GEMM_CASE(7)
-        DFLASH_CPU_GEMM_CASE(8)
+        GGML_ASSERT(rn <= (packed ? PACKED_RN : DIRECT_MAX));
+        switch (rn) {
+            DFLASH_CPU_GEMM_CASE(1)
+            DFLASH_CPU_GEMM_CASE(2)
+            DFLASH_CPU_GEMM_CASE(3)
+            DFLASH_CPU_GEMM_CASE(4)
+            DFLASH_CPU_GEMM_CASE(5)
+            DFLASH_CPU_GEMM_CASE(6)
+            DFLASH_CPU_GEMM_CASE(7)
+            DFLASH_CPU_GEMM_CASE(8)
 #if DFLASH_CPU_GEMM_DIRECT_MAX > 8 || DFLASH_CPU_GEMM_PACKED_RN > 8
-        DFLASH_CPU_GEMM_CASE(9)
-        DFLASH_CPU_GEMM_CASE(10)
-        DFLASH_CPU_GEMM_CASE(11)
-        DFLASH_CPU_GEMM_CASE(12)
-        DFLASH_CPU_GEMM_CASE(13)
-        DFLASH_CPU_GEMM_CASE(14)
-        DFLASH_CPU_GEMM_CASE(15)
-        DFLASH_CPU_GEMM_CASE(16)
+            DFLASH_CPU_GEMM_CASE(9)
+            DFLASH_CPU_GEMM_CASE(10)
+            DFLASH_CPU_GEMM_CASE(11)
+            DFLASH_CPU_GEMM_CASE(12)
+            DFLASH_CPU_GEMM_CASE(13)
+            DFLASH_CPU_GEMM_CASE(14)
+            DFLASH_CPU_GEMM_CASE(15)
+            DFLASH_CPU_GEMM_CASE(16)
 #endif
-        default: GGML_ABORT("dflash cpu gemm: %d columns per pass", rn);
-    }
+            default: GGML_ABORT("dflash cpu gemm: %d columns per pass", rn);
+        }
 #undef DFLASH_CPU_GEMM_CASE
+    } else {
+        GGML_ABORT("dflash cpu gemm: no tiled kernel for this format");
+    }
 }
 
 template <typename T>
@@ -288,9 +339,11 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
         }
     }
     const Activations act{q, scale, n_cols};
-    // one pass reads the weights directly; wider batches unpack each tile once and make several passes
-    PackedBlock * packed = n_cols > DIRECT_MAX ? grow(scratch.packed, (size_t) n_blocks) : nullptr;
-    const int pass = packed ? PACKED_RN : DIRECT_MAX;
+    // row-wise where the format asks for it; otherwise one pass reads the weights directly, and wider
+    // batches unpack each tile once and make several passes
+    const bool rowwise = n_cols <= Format::ROWWISE_MAX;
+    PackedBlock * packed = !rowwise && n_cols > DIRECT_MAX ? grow(scratch.packed, (size_t) n_blocks) : nullptr;
+    const int pass = rowwise ? ROW_RN : packed ? PACKED_RN : DIRECT_MAX;
     const size_t row_data = n_blocks * sizeof(typename Format::Block);
 
     for (int64_t t = tile0; t < tile1; ++t) {
@@ -307,15 +360,17 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
             tile.base = pad;
             tile.stride = row_data;
         }
-        if (packed) {
-            for (int64_t b = 0; b < n_blocks; ++b) {
-                Format::unpack(tile, b, packed[b]);
+        if constexpr (Format::TILED) {
+            if (packed) {
+                for (int64_t b = 0; b < n_blocks; ++b) {
+                    Format::unpack(tile, b, packed[b]);
+                }
             }
         }
         for (int64_t j0 = 0; j0 < n_cols; j0 += pass) {
             const int rn = (int) (n_cols - j0 < pass ? n_cols - j0 : pass);
             __m256 acc[MAX_RN];
-            tile_columns<Format>(rn, tile, packed, n_blocks, act, j0, acc);
+            tile_columns<Format>(rn, rowwise, tile, packed, n_blocks, act, j0, acc);
             for (int j = 0; j < rn; ++j) {
                 float * out = C + (j0 + j) * ldc + r0;
                 if (valid == TILE_ROWS) {
@@ -334,4 +389,5 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
 
 #endif  // DFLASH_CPU_GEMM_X86
 
+}  // namespace DFLASH_CPU_VARIANT
 }  // namespace dflash_cpu

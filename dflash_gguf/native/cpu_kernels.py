@@ -1,0 +1,43 @@
+"""Which instruction-set variant of our CPU kernels (ggml-kernels/cpu) runs, and switching it.
+
+The kernels are compiled for AVX2 and for AVX-512; ggml-cpu picks the best one the CPU runs, or the
+one the environment variable DFLASH_CPU_ISA names. Switching lets an AVX-512 machine run (and test)
+exactly what AVX2-only machines run. "none" sends every product back to ggml's own paths.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+from .lib import NativeLibrary, _libname
+
+ISAS = ("avx512", "avx2", "none")
+
+
+class CpuKernels:
+    def __init__(self, native: NativeLibrary):
+        cpu = ctypes.CDLL(str(Path(native.lib_dir) / _libname("ggml-cpu")))
+        self._get = getattr(cpu, "dflash_cpu_isa", None)
+        self._set = getattr(cpu, "dflash_cpu_set_isa", None)
+        if self._get is not None:
+            self._get.argtypes, self._get.restype = [], ctypes.c_char_p
+            self._set.argtypes, self._set.restype = [ctypes.c_char_p], ctypes.c_bool
+
+    @property
+    def isa(self) -> str:
+        """The variant in use: "avx512", "avx2" or "none" (also for a build without our kernels)."""
+        return self._get().decode() if self._get is not None else "none"
+
+    def set_isa(self, isa: str) -> bool:
+        """Switch to `isa` ("auto" = the best this CPU runs); False when this CPU cannot run it."""
+        if self._get is None:
+            return isa in ("none", "auto")
+        return bool(self._set(isa.encode()))
+
+    def runnable(self) -> list[str]:
+        """The variants this CPU runs, best first (the current choice is kept)."""
+        current = self.isa
+        out = [isa for isa in ISAS if self.set_isa(isa)]
+        self.set_isa(current)
+        return out

@@ -1,0 +1,32 @@
+// dflash-gguf: the entry points of one instruction-set variant of our CPU kernels (internal).
+//
+// Each kernel source is compiled twice (patches/0003, CMake): with -DDFLASH_CPU_VARIANT=avx2 and
+// AVX2/FMA/F16C only (AVX-512 and AVX-VNNI off), and with -DDFLASH_CPU_VARIANT=avx512 and
+// AVX-512 F/BW/VL/VNNI on. gemm.cpp checks the CPU at run time and calls one of them, so an AVX-512
+// machine can also run (and test) exactly what an AVX2-only machine runs.
+#pragma once
+
+#include "ggml.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DFLASH_CPU_VARIANT_ENTRY_POINTS                                                                        \
+    /* quantized weights x activations converted to their vec_dot_type (gemm.h: dflash_cpu_gemm) */          \
+    bool gemm_q4_1(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,     \
+                   const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth);            \
+    bool gemm_q8_0(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,     \
+                   const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth);            \
+    /* F16 / F32 weights x F32 activations (gemm.h: dflash_cpu_gemm_f32_act) */                              \
+    bool gemm_float(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t k, const void * A,           \
+                    size_t a_row_bytes, const float * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, \
+                    int nth);
+
+namespace dflash_cpu {
+namespace avx2 {
+DFLASH_CPU_VARIANT_ENTRY_POINTS
+}
+namespace avx512 {
+DFLASH_CPU_VARIANT_ENTRY_POINTS
+}
+}  // namespace dflash_cpu

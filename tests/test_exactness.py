@@ -1,0 +1,48 @@
+"""Batch invariance of a whole target on the CPU, bit for bit: the logits of row i of a verify batch
+of B = 2..16 tokens equal those of the same token decoded alone, for the embedded SmolLM2 at each
+precision our kernels cover (Q4_1 with its Q8_0 output head, F16, F32) and F16 / F32 / Q8_0 KV
+caches, with a short context and with one past 512 cells (where ggml's CPU flash attention used to
+split a single row's KV over threads). This is what makes greedy speculative decoding equal plain
+decoding on every x86 CPU, not only mostly."""
+
+import numpy as np
+import pytest
+
+from dflash_gguf.engine.target import Target
+from dflash_gguf.native.wrappers import ContextSettings, Model
+from engine_helpers import project_prompts
+
+MAX_B = 16
+
+
+def _tokens(model: Model, n: int) -> list[int]:
+    text = "\n\n".join(project_prompts(per_category=40))
+    tokens = model.tokenize(text, add_special=False)
+    assert len(tokens) >= n
+    return tokens[:n]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,kv", [("q4_1", "f16"), ("f16", "f16"), ("f32", "f32"), ("q4_1", "q8_0")])
+@pytest.mark.parametrize("n_context", [40, 600])
+def test_verify_rows_equal_single_token_logits(precision, kv, n_context):
+    from dflash_gguf.targets import smollm2
+    model = Model(smollm2(precision))
+    target = Target(model, ContextSettings(n_ctx=1024, n_batch=256, n_ubatch=256, n_threads=2, type_k=kv, type_v=kv),
+                    max_verify=MAX_B)
+    tokens = _tokens(model, n_context + MAX_B)
+    context, block = tokens[:n_context], tokens[n_context:]
+    target.prefill(context, None)
+    alone = []
+    for t in block:                                    # plain decoding: one token per call
+        alone.append(np.array(target.decode_rows([t])[0]))
+    target.keep(0, MAX_B)
+    for b in range(2, MAX_B + 1):                      # the same tokens as verify batches
+        rows = np.array(target.decode_rows(block[:b]))
+        for i in range(b):
+            diff = np.flatnonzero(rows[i].view(np.uint32) != alone[i].view(np.uint32))
+            assert diff.size == 0, (f"{precision}/{kv} KV, context {n_context}: row {i} of B={b} differs from the "
+                                    f"token alone in {diff.size} logits (max |d| "
+                                    f"{np.abs(rows[i] - alone[i]).max():.3g})")
+        target.keep(0, b)
+    target.close()
