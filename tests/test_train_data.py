@@ -214,3 +214,16 @@ def test_two_writers_on_one_folder_interleave_without_overlap(tmp_path):
         assert data.tokens[r["offset"]:r["offset"] + r["length"]].tolist() == list(range(r["length"]))
         assert (np.asarray(data.feats[r["offset"]:r["offset"] + r["length"]]) == i).all()
     assert DatasetWriter(tmp_path, meta).done == set(range(6))
+
+
+def test_scaling_fits_recover_known_curves_and_say_where_a_tau_is_reached():
+    from dflash_gguf.train.scaling import alpha_from_tau, extrapolate, tau_from_alpha
+    for alpha in (0.05, 0.3, 0.68, 0.9):
+        assert abs(alpha_from_tau(tau_from_alpha(alpha)) - alpha) < 1e-6
+    line = [{"rows": 10 ** k, "tau": 1.0 + 0.5 * (k - 3)} for k in (3, 4, 5, 6)]       # τ = 1 + 0.5 per decade
+    rep = extrapolate(line, rows_per_s=100.0)
+    assert abs(rep["fit"]["b_per_decade"] - 0.5) < 1e-6
+    assert abs(rep["reach"]["3.0"]["rows"] - 1e7) / 1e7 < 1e-3
+    assert abs(rep["reach"]["3.0"]["cpu_hours"] - 1e7 / 100 / 3600) < 0.1
+    flat = extrapolate([{"rows": 10 ** k, "tau": 1.2} for k in (3, 4, 5)], rows_per_s=1.0)
+    assert flat["reach"]["3.0"] is None and flat["reach_acceptance_model"]["3.0"] is None

@@ -31,20 +31,54 @@ def fit_log_linear(rows: list[float], tau: list[float]) -> tuple[float, float]:
 
 def rows_for_tau(a: float, b: float, tau: float) -> float | None:
     """Rows at which the fitted line reaches τ; None if it never rises."""
-    if b <= 0:
+    if b <= 1e-9:
         return None
-    return 10 ** ((tau - a) / b)
+    exponent = (tau - a) / b
+    return 10 ** exponent if exponent < 300 else math.inf
 
 
-def extrapolate(points: list[dict], rows_per_s: float, taus=(3.0, 4.0, 5.0)) -> dict:
-    """From points {rows, tau}: the fit and, per τ, rows and CPU hours at `rows_per_s`."""
-    a, b = fit_log_linear([p["rows"] for p in points], [p["tau"] for p in points])
-    out = {"fit": {"a": round(a, 4), "b_per_decade": round(b, 4)}, "rows_per_s": round(rows_per_s, 1), "reach": {}}
+def tau_from_alpha(alpha: float, block: int = 8) -> float:
+    """τ of a full block when every slot is accepted with probability alpha, independently."""
+    return (1 - alpha ** block) / (1 - alpha) if alpha < 1 else float(block)
+
+
+def alpha_from_tau(tau: float, block: int = 8) -> float:
+    lo, hi = 0.0, 1.0 - 1e-9
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if tau_from_alpha(mid, block) < tau else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _reach(rows_at, rows_per_s: float, taus) -> dict:
+    out = {}
     for t in taus:
-        r = rows_for_tau(a, b, t)
-        out["reach"][str(t)] = None if r is None or not math.isfinite(r) else {
+        r = rows_at(t)
+        out[str(t)] = None if r is None or not math.isfinite(r) else {
             "rows": float(f"{r:.3g}"), "cpu_hours": float(f"{r / rows_per_s / 3600:.3g}")}
     return out
+
+
+def extrapolate(points: list[dict], rows_per_s: float, taus=(3.0, 4.0, 5.0), block: int = 8) -> dict:
+    """From points {rows, tau}, two fits and, per τ, the rows and CPU hours at `rows_per_s` each one predicts:
+    τ linear in log10(rows), and the per-slot acceptance α (τ = (1-α^B)/(1-α)) logistic in log10(rows)."""
+    rows = [p["rows"] for p in points]
+    a, b = fit_log_linear(rows, [p["tau"] for p in points])
+    logit = [math.log(x / (1 - x)) for x in (alpha_from_tau(p["tau"], block) for p in points)]
+    b2, a2 = np.polyfit(np.log10(np.asarray(rows, float)), np.asarray(logit), 1)
+
+    def rows_logistic(t):
+        al = alpha_from_tau(t, block)
+        if b2 <= 1e-9:
+            return None
+        exponent = (math.log(al / (1 - al)) - a2) / b2
+        return 10 ** exponent if exponent < 300 else math.inf
+
+    return {"fit": {"a": round(a, 4), "b_per_decade": round(b, 4)},
+            "fit_acceptance": {"logit_alpha_at_1_row": round(float(a2), 4), "logit_per_decade": round(float(b2), 4)},
+            "rows_per_s": round(rows_per_s, 1),
+            "reach": _reach(lambda t: rows_for_tau(a, b, t), rows_per_s, taus),
+            "reach_acceptance_model": _reach(rows_logistic, rows_per_s, taus)}
 
 
 def plot_curve(report: dict, out: Path) -> Path:
