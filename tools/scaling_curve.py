@@ -119,10 +119,10 @@ report["points"] = compute + [p for p in report["points"] if p["series"] != "com
 if len(compute) < 2:
     a.out.write_text(json.dumps(report, indent=2))
     sys.exit(0)
-rate = max(p["rows_per_s"] for p in compute)
+rate = max(p["rows_per_s"] for p in report["points"])   # the best measured rate (least contended run)
 report["extrapolation"] = extrapolate(compute, rate)
 report["extrapolation"]["note"] = ("least-squares line through the compute points, extended past the largest "
-                                   "run; CPU hours at the best rows/s measured here (2-core EPYC, shared)")
+                                   "run; CPU hours at the best rows/s measured here (one thread of a 2-core AVX2 EPYC)")
 report["eval"] = {"prompts": f"first {a.eval_prompts} per category of ../shared/prompts", "max_tokens": 128,
                   "block": 8, "greedy": True, "target": target.name}
 a.out.write_text(json.dumps(report, indent=2))

@@ -107,7 +107,9 @@ def plot_curve(report: dict, out: Path) -> Path:
     names = [f"{p['series']}\n{p['label']}" for p in others]
     ax.bar(range(len(others)), [p["tau"] for p in others], label="engine τ")
     ax.plot(range(len(others)), [p["val_tau"] for p in others], "s", color="C1", label="validation τ")
-    ax.set_xticks(range(len(others)), names, fontsize=8)
+    ax.set_xticks(range(len(others)), names, fontsize=7, rotation=20, ha="right")
+    if others:
+        ax.set_ylim(1.0, max(max(p["tau"], p["val_tau"]) for p in others) + 0.05)
     ax.set_ylabel("τ")
     ax.set_title("same compute: data size and prompt diversity")
     ax.legend(fontsize=8)
