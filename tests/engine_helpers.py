@@ -251,16 +251,22 @@ def tiny_hybrid_qwen35() -> Path:
     return convert_hf(hf, gguf_path, "f32", ("--no-mtp",))
 
 
-def assert_same_distribution(counts: np.ndarray, expected: np.ndarray) -> None:
-    """Chi-square: sampled `counts` follow the exact distribution `expected` (p > 0.01), and the check has
-    power: a distribution half-way to a shifted one is rejected (p < 0.01). Rare outcomes are pooled."""
-    from scipy import stats
+def pooled_counts(counts: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(observed, expected counts) for a chi-square test, outcomes expected fewer than 5 times pooled."""
     n = counts.sum()
     keep = expected * n >= 5
     obs = np.append(counts[keep], counts[~keep].sum())
     exp = np.append(expected[keep], expected[~keep].sum()) * n
     if exp[-1] == 0:
         obs, exp = obs[:-1], exp[:-1]
+    return obs, exp
+
+
+def assert_same_distribution(counts: np.ndarray, expected: np.ndarray) -> None:
+    """Chi-square: sampled `counts` follow the exact distribution `expected` (p > 0.01), and the check has
+    power: a distribution half-way to a shifted one is rejected (p < 0.01). Rare outcomes are pooled."""
+    from scipy import stats
+    obs, exp = pooled_counts(counts, expected)
     res = stats.chisquare(obs, exp)
     assert res.pvalue > 0.01, res
     assert stats.chisquare(obs, np.roll(exp, 1) * 0.5 + exp * 0.5).pvalue < 0.01   # the test has power

@@ -24,7 +24,7 @@ from dflash_gguf.engine.policy import DraftLengthPolicy
 from dflash_gguf.engine.sampling import SamplingParams, probs_from_logits
 from dflash_gguf.engine.target import Target
 from dflash_gguf.native.wrappers import Batch, Context, ContextSettings, Model
-from engine_helpers import OracleDrafter, write_random_drafter, write_tiny_llama
+from engine_helpers import OracleDrafter, pooled_counts, write_random_drafter, write_tiny_llama
 
 pytestmark = pytest.mark.gpu
 
@@ -140,12 +140,7 @@ def test_greedy_speculative_equals_plain_on_cuda(tmp_path, dtype):
 def _chi_square_pvalue(counts: np.ndarray, expected: np.ndarray) -> float:
     """p-value of Pearson's chi-square; outcomes expected < 5 times are pooled. scipy where installed, else
     torch (the GPU machine has torch, not necessarily scipy): chi2.sf(x, k) = Q(k/2, x/2)."""
-    n = counts.sum()
-    keep = expected * n >= 5
-    obs = np.append(counts[keep], counts[~keep].sum())
-    exp = np.append(expected[keep], expected[~keep].sum()) * n
-    if exp[-1] == 0:
-        obs, exp = obs[:-1], exp[:-1]
+    obs, exp = pooled_counts(counts, expected)
     stat, dof = float(((obs - exp) ** 2 / exp).sum()), len(obs) - 1
     try:
         from scipy import stats
