@@ -18,7 +18,6 @@ what was installed, which bundle files are still missing.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -26,6 +25,9 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+from dflash_gguf.native.build import sha256_file  # noqa: E402  (stdlib only: runs before any wheel is installed)
 
 # import name -> distribution, for everything the package, its tests and the check import on that machine
 MODULES = {"numpy": "numpy", "gguf": "gguf", "typer": "typer", "click": "click", "rich": "rich",
@@ -39,14 +41,6 @@ MODULES = {"numpy": "numpy", "gguf": "gguf", "typer": "typer", "click": "click",
 BACKPORTS = {"exceptiongroup": "exceptiongroup", "tomli": "tomli"}      # pytest needs them before 3.11
 SDIST_DIR = "sdist-0.3.36"       # dflash_gguf.native.build.pristine_tree() looks here (checked by a test)
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def take_units(bundle: Path, store: Path) -> dict:
@@ -98,7 +92,7 @@ def assemble(manifest: dict, store: Path) -> tuple[list[str], list[str]]:
             for p in parts:
                 with open(p, "rb") as src:
                     shutil.copyfileobj(src, f, 1 << 24)
-        if _sha256(tmp) != info["sha256"]:
+        if sha256_file(tmp) != info["sha256"]:
             tmp.unlink()
             raise SystemExit(f"setup: {name} does not match its sha256 after assembly; make the bundle again")
         os.replace(tmp, out)
