@@ -227,3 +227,14 @@ def test_scaling_fits_recover_known_curves_and_say_where_a_tau_is_reached():
     assert abs(rep["reach"]["3.0"]["cpu_hours"] - 1e7 / 100 / 3600) < 0.1
     flat = extrapolate([{"rows": 10 ** k, "tau": 1.2} for k in (3, 4, 5)], rows_per_s=1.0)
     assert flat["reach"]["3.0"] is None and flat["reach_acceptance_model"]["3.0"] is None
+
+
+def test_the_fitted_recipe_is_the_one_whose_largest_run_measured_best():
+    from dflash_gguf.train.scaling import best_compute_series
+    points = [{"series": "compute", "rows": 10 ** 6, "tau": 1.2}, {"series": "compute", "rows": 10 ** 4, "tau": 1.05},
+              {"series": "compute, small steps", "rows": 10 ** 5, "tau": 1.3},
+              {"series": "compute, small steps", "rows": 10 ** 4, "tau": 1.4},   # not its largest run
+              {"series": "diversity", "rows": 10 ** 7, "tau": 2.0}]              # not a compute series
+    assert best_compute_series(points) == "compute, small steps"
+    points[0]["tau"] = 1.35
+    assert best_compute_series(points) == "compute"

@@ -3,7 +3,9 @@
 and prompt diversity; writes docs/scaling.json and docs/scaling.png (resumable: points already in the JSON
 are kept).
 
-Compute series: the same data, budgets of --rows labelled rows (each a full schedule). Data-size series: a
+Compute series: the same data, budgets of --rows labelled rows (each a full schedule), one series per training
+recipe (--series, with --anchors / --seqs-per-step / --lr); the extrapolation is fitted on the recipe whose largest
+run reached the highest τ. Data-size series: a
 fraction of the training sequences at --same-rows. Diversity series: only the least diverse sources (template
 word problems, plus the standard library for code) at the same number of tokens as a random subset.
 τ is measured with the real engine (llama.cpp) on the first --eval-prompts of each ../shared/prompts category,
@@ -22,12 +24,16 @@ sys.path.insert(0, str(ROOT))
 from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
 from dflash_gguf.train.measure import load_eval_prompts, measure_tau  # noqa: E402
 from dflash_gguf.train.pipeline import build_trainer, export  # noqa: E402
-from dflash_gguf.train.scaling import SubsetDataset, extrapolate, plot_curve  # noqa: E402
+from dflash_gguf.train.scaling import SubsetDataset, best_compute_series, extrapolate, plot_curve  # noqa: E402
 from dflash_gguf.train.trainer import TrainSettings  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__)
 ap.add_argument("--data", type=Path, required=True, help="harvested dataset folder")
 ap.add_argument("--rows", type=int, nargs="*", default=[6000, 20000, 60000, 200000])
+ap.add_argument("--series", default="compute", help="name of this recipe's compute series (starts with 'compute')")
+ap.add_argument("--anchors", type=int, default=48, help="anchor blocks per sequence per step")
+ap.add_argument("--seqs-per-step", type=int, default=4)
+ap.add_argument("--lr", type=float, default=8e-4)
 ap.add_argument("--same-rows", type=int, default=60000, help="budget of the data-size and diversity points")
 ap.add_argument("--fractions", type=float, nargs="*", default=[0.1])
 ap.add_argument("--diversity", action="store_true", help="add the low-diversity point")
@@ -55,8 +61,8 @@ LOW_DIVERSITY = ("template:", "cpython:")
 
 
 def settings(rows: int, distill: float = 0.0) -> TrainSettings:
-    return TrainSettings(n_layers=2, block_size=8, rows=rows, lr=8e-4, warmup=0.03, anchors_per_seq=48,
-                         seqs_per_step=4, eval_every=10**9, eval_seqs=48, seed=1, distill=distill)
+    return TrainSettings(n_layers=2, block_size=8, rows=rows, lr=a.lr, warmup=0.03, anchors_per_seq=a.anchors,
+                         seqs_per_step=a.seqs_per_step, eval_every=10**9, eval_seqs=48, seed=1, distill=distill)
 
 
 def point(series: str, label: str, rows: int, keep=None, distill: float = 0.0) -> None:
@@ -76,7 +82,8 @@ def point(series: str, label: str, rows: int, keep=None, distill: float = 0.0) -
            "train_tokens": data.n_tokens(data.split()[0]), "tau": round(tau.overall, 3),
            "tau_by_category": {k: round(v, 3) for k, v in tau.by_category.items()},
            "slot_accept": [round(x, 3) for x in tau.slot_accept], "val_tau": round(val.tau, 3),
-           "val_loss": round(val.loss, 4), "eval_prompts_per_category": a.eval_prompts}
+           "val_loss": round(val.loss, 4), "eval_prompts_per_category": a.eval_prompts,
+           "recipe": {"anchors_per_seq": a.anchors, "seqs_per_step": a.seqs_per_step, "lr": a.lr}}
     report["points"].append(rec)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(report, indent=2))
@@ -84,7 +91,7 @@ def point(series: str, label: str, rows: int, keep=None, distill: float = 0.0) -
 
 
 for rows in a.rows:
-    point("compute", f"{rows} rows", rows)
+    point(a.series, f"{rows} rows", rows)
 for frac in a.fractions:
     point("data size", f"{frac:.0%} of the data", a.same_rows, lambda i, r, f=frac: (i * 0.6180339887) % 1 < f)
 if a.distill is not None:
@@ -101,28 +108,33 @@ if a.diversity:
 for extra in a.extra:
     r = json.loads(extra.read_text())
     label = f"{r['labelled_rows']} rows (train run)"
-    if ("compute", label) not in done and "engine_tau" in r:
-        report["points"].append({"series": "compute", "label": label, "rows": r["labelled_rows"],
+    if (a.series, label) not in done and "engine_tau" in r:
+        ts = r.get("train_settings", {})
+        report["points"].append({"series": a.series, "label": label, "rows": r["labelled_rows"],
                                  "train_seconds": r["train_seconds"], "rows_per_s": r["rows_per_second"],
                                  "tau": r["engine_tau"]["tau_overall"], "tau_by_category": r["engine_tau"]["tau"],
                                  "slot_accept": r["engine_tau"]["slot_accept"], "val_tau": round(r["val_tau_estimate"], 3),
-                                 "val_loss": round(r["val_loss"], 4)})
+                                 "val_loss": round(r["val_loss"], 4),
+                                 "recipe": {"anchors_per_seq": ts.get("anchors_per_seq"),
+                                            "seqs_per_step": ts.get("seqs_per_step"), "lr": ts.get("lr")}})
 for other in a.merge:                 # points measured by another run of this tool (side by side)
     seen = {(p["series"], p["label"]) for p in report["points"]}
     report["points"] += [p for p in json.loads(other.read_text())["points"] if (p["series"], p["label"]) not in seen]
-compute = sorted((p for p in report["points"] if p["series"] == "compute"), key=lambda p: p["rows"])
-same = [p for p in compute if p["rows"] >= a.same_rows * 0.98 and p["label"] == f"{a.same_rows} rows"]
+compute = sorted((p for p in report["points"] if p["series"].startswith("compute")), key=lambda p: (p["series"], p["rows"]))
+same = [p for p in compute if p["series"] == "compute" and p["label"] == f"{a.same_rows} rows"]
 if same and any(p["series"] == "distillation" for p in report["points"]) and ("distillation", "hard labels") not in {
         (p["series"], p["label"]) for p in report["points"]}:
     report["points"].append(same[0] | {"series": "distillation", "label": "hard labels"})   # the same run
-report["points"] = compute + [p for p in report["points"] if p["series"] != "compute"]
-if len(compute) < 2:
+report["points"] = compute + [p for p in report["points"] if not p["series"].startswith("compute")]
+best = best_compute_series(compute)
+fitted = [p for p in compute if p["series"] == best]
+if len(fitted) < 2:
     a.out.write_text(json.dumps(report, indent=2))
     sys.exit(0)
-rate = max(p["rows_per_s"] for p in report["points"])   # the best measured rate (least contended run)
-report["extrapolation"] = extrapolate(compute, rate)
-report["extrapolation"]["note"] = ("least-squares line through the compute points, extended past the largest "
-                                   "run; CPU hours at the best rows/s measured here (one thread of a 2-core AVX2 EPYC)")
+rate = max(p["rows_per_s"] for p in fitted)   # the best rate measured with this recipe (least contended run)
+report["extrapolation"] = extrapolate(fitted, rate) | {"series": best}
+report["extrapolation"]["note"] = (f"least-squares fits through the '{best}' points, extended past the largest "
+                                   "run; CPU hours at the best rows/s measured with that recipe (2-core AVX2 EPYC)")
 report["eval"] = {"prompts": f"first {a.eval_prompts} per category of ../shared/prompts", "max_tokens": 128,
                   "block": 8, "greedy": True, "target": target.name}
 a.out.write_text(json.dumps(report, indent=2))

@@ -38,8 +38,12 @@ ap = argparse.ArgumentParser(description=__doc__)
 ap.add_argument("--harvest-minutes", type=float, default=None, help="stop the harvest after this long")
 ap.add_argument("--tokens", type=int, default=None, help="stop the harvest when the dataset holds this many tokens")
 ap.add_argument("--parallel", type=int, default=16, help="sequences generated together (tools/harvest_throughput.py)")
-ap.add_argument("--rows", type=int, default=2_000_000, help="labelled rows to train on")
+ap.add_argument("--rows", type=int, default=3_300_000, help="labelled rows to train on")
 ap.add_argument("--minutes", type=float, default=None, help="stop training after this long (resume later)")
+ap.add_argument("--seqs-per-step", type=int, default=1, help="sequences per optimizer step; at a fixed row "
+                "budget more, smaller steps trained better here (docs/scaling.json)")
+ap.add_argument("--anchors", type=int, default=12, help="anchor blocks drawn from each sequence per step")
+ap.add_argument("--lr", type=float, default=8e-4, help="peak learning rate (cosine over --rows)")
 ap.add_argument("--distill", type=float, default=0.0, help="share of the loss on the target's top-8")
 ap.add_argument("--threads", type=int, default=0, help="harvest and torch threads (0: all cores)")
 ap.add_argument("--work-dir", type=Path, default=None)
@@ -62,9 +66,9 @@ data = dataset_dir(file_sha256(target), prompts_sha256(prompts), SEED)
 work = a.work_dir or cache_root() / "train" / f"smollm2-default-{data.name}"
 harvest = HarvestSettings(taps=TAPS, n_threads=a.threads, seed=SEED, n_parallel=a.parallel, max_new=MAX_NEW,
                           top_k_probs=8)
-train = TrainSettings(n_layers=2, block_size=8, rows=a.rows, lr=8e-4, warmup=0.03, anchors_per_seq=48,
-                      seqs_per_step=4, seed=SEED, max_seconds=a.minutes * 60 if a.minutes else None,
-                      eval_every=200, eval_seqs=48, ckpt_minutes=5.0, distill=a.distill)
+train = TrainSettings(n_layers=2, block_size=8, rows=a.rows, lr=a.lr, warmup=0.03, anchors_per_seq=a.anchors,
+                      seqs_per_step=a.seqs_per_step, seed=SEED, max_seconds=a.minutes * 60 if a.minutes else None,
+                      eval_every=2000, eval_seqs=48, ckpt_minutes=5.0, distill=a.distill)
 if a.harvest_only:
     from dflash_gguf.train.harvest import harvest as run_harvest  # noqa: E402
     shard = tuple(int(x) for x in a.shard.split("/"))

@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
         epochs: float = typer.Option(2.0, "--epochs"),
         max_minutes: Optional[float] = typer.Option(None, "--max-minutes", help="stop training after this long "
                                                     "(resume later with --resume)"),
-        lr: float = typer.Option(6e-4, "--lr"),
+        lr: float = typer.Option(8e-4, "--lr"),
         distill: float = typer.Option(0.0, "--distill", help="share of the loss against the target's top-k "
                                       "probabilities kept at harvest time (0: hard labels only)"),
         loss_vocab_extra: Optional[int] = typer.Option(

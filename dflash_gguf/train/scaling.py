@@ -50,6 +50,15 @@ def alpha_from_tau(tau: float, block: int = 8) -> float:
     return (lo + hi) / 2
 
 
+def best_compute_series(points: list[dict]) -> str:
+    """The compute series (training recipe) whose largest run measured the highest engine τ."""
+    largest: dict[str, dict] = {}
+    for p in points:
+        if p["series"].startswith("compute") and p["rows"] >= largest.get(p["series"], {"rows": -1})["rows"]:
+            largest[p["series"]] = p
+    return max(largest, key=lambda s: largest[s]["tau"])
+
+
 def _reach(rows_at, rows_per_s: float, taus) -> dict:
     out = {}
     for t in taus:
@@ -88,12 +97,20 @@ def plot_curve(report: dict, out: Path) -> Path:
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
     ax = axes[0]
-    pts = [p for p in report["points"] if p["series"] == "compute"]
+    fitted = report["extrapolation"].get("series", "compute")
+    series = sorted({p["series"] for p in report["points"] if p["series"].startswith("compute")})
+    for n, name in enumerate(series):
+        pts = sorted((p for p in report["points"] if p["series"] == name), key=lambda p: p["rows"])
+        xs = [p["rows"] for p in pts]
+        for key, label, style in (("tau", "engine τ", "o-"), ("val_tau", "validation τ", "s--")):
+            ax.plot(xs, [p[key] for p in pts], style, color=f"C{n}", alpha=1.0 if key == "tau" else 0.5,
+                    label=f"{label}: {name}")
+        if name == fitted:
+            for cat, marker in (("code", "^"), ("math", "v"), ("chat", "d")):
+                ax.plot(xs, [p["tau_by_category"].get(cat, math.nan) for p in pts], marker, color=f"C{n}", alpha=0.4,
+                        label=f"engine τ {cat}: {name}")
+    pts = [p for p in report["points"] if p["series"] == fitted]
     xs = [p["rows"] for p in pts]
-    for key, label, style in (("tau", "engine τ (shared prompts)", "o-"), ("val_tau", "validation τ", "s--")):
-        ax.plot(xs, [p[key] for p in pts], style, label=label)
-    for cat, marker in (("code", "^"), ("math", "v"), ("chat", "d")):
-        ax.plot(xs, [p["tau_by_category"].get(cat, math.nan) for p in pts], marker, alpha=0.6, label=f"engine τ {cat}")
     fit = report["extrapolation"]["fit"]
     grid = np.logspace(math.log10(min(xs)), math.log10(max(xs)) + 1.5, 50)
     ax.plot(grid, fit["a"] + fit["b_per_decade"] * np.log10(grid), ":", color="gray", label="fit (extrapolated)")
@@ -101,9 +118,9 @@ def plot_curve(report: dict, out: Path) -> Path:
     ax.set_xlabel("labelled rows trained")
     ax.set_ylabel("τ (tokens per target call, block 8)")
     ax.set_title("τ vs training compute")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=6)
     ax = axes[1]
-    others = [p for p in report["points"] if p["series"] != "compute"]
+    others = [p for p in report["points"] if not p["series"].startswith("compute")]
     names = [f"{p['series']}\n{p['label']}" for p in others]
     ax.bar(range(len(others)), [p["tau"] for p in others], label="engine τ")
     ax.plot(range(len(others)), [p["val_tau"] for p in others], "s", color="C1", label="validation τ")
