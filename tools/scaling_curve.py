@@ -111,7 +111,7 @@ for extra in a.extra:
     if (a.series, label) not in done and "engine_tau" in r:
         ts = r.get("train_settings", {})
         report["points"].append({"series": a.series, "label": label, "rows": r["labelled_rows"],
-                                 "train_seconds": r["train_seconds"], "rows_per_s": r["rows_per_second"],
+                                 "train_tokens": r.get("response_tokens"), "train_seconds": r["train_seconds"], "rows_per_s": r["rows_per_second"],
                                  "tau": r["engine_tau"]["tau_overall"], "tau_by_category": r["engine_tau"]["tau"],
                                  "slot_accept": r["engine_tau"]["slot_accept"], "val_tau": round(r["val_tau_estimate"], 3),
                                  "val_loss": round(r["val_loss"], 4),

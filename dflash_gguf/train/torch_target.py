@@ -40,7 +40,7 @@ def hf_llama_from_gguf(target: Path, device: str = "cpu", dtype: str = "float32"
     layers = layer_init(target, 0, g["n_layer"])
     state = {"model.embed_tokens.weight": embed, "lm_head.weight": head, "model.norm.weight": layers.pop("norm.weight")}
     state |= {f"model.{k}": v for k, v in layers.items()}
-    missing, unexpected = model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()},
+    missing, unexpected = model.load_state_dict({k: torch.from_numpy(np.array(v, copy=True)) for k, v in state.items()},
                                                 strict=False)
     if unexpected or [m for m in missing if "rotary" not in m and m != "lm_head.weight"]:
         raise UserError(f"{target}: weights do not fit a Llama model (missing {missing}, unexpected {unexpected})")
