@@ -31,7 +31,9 @@ def test_gpu_train_job_dry_run_on_cpu_and_its_data_comes_back(tmp_path):
                     "--max-new", "16", "--harvest-seconds", "600", "--train-seconds", "20", "--rows", "3000",
                     "--state", str(tmp_path / "state")], check=True)
     record = json.loads((out / "train-job.json").read_text())
-    assert record["sequences"] == 6 and record["labelled_rows"] > 0 and record["precision"] == "float32"
+    from dflash_gguf.train.precision import autocast_dtype_name
+    expected = autocast_dtype_name("cpu") or "float32"          # bf16 where the CPU has AVX512_BF16 / AMX
+    assert record["sequences"] == 6 and record["labelled_rows"] > 0 and record["precision"] == expected
     drafter = Model(out / "smollm2-dflash-gpu.gguf")
     assert drafter.arch == "dflash" and drafter.target_layer_ids() == [2, 11, 19, 28]
     back = import_tokens(out / "gpu-harvest-tokens.npz", target, tmp_path / "cpu-data", n_threads=2)

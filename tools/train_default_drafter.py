@@ -44,6 +44,11 @@ ap.add_argument("--seqs-per-step", type=int, default=1, help="sequences per opti
                 "budget more, smaller steps trained better here (docs/scaling.json)")
 ap.add_argument("--anchors", type=int, default=12, help="anchor blocks drawn from each sequence per step")
 ap.add_argument("--lr", type=float, default=8e-4, help="peak learning rate (cosine over --rows)")
+ap.add_argument("--short-blocks", type=float, default=0.0, help="share of training blocks cut to 2..7 rows "
+                "(the engine drafts n tokens with n+1 rows on CPUs)")
+ap.add_argument("--init-drafter", type=Path, default=None, help="continue from this drafter GGUF's weights "
+                "(e.g. the shipped one) instead of the target's last layers")
+ap.add_argument("--eval-seqs", type=int, default=48, help="held-out sequences per validation")
 ap.add_argument("--distill", type=float, default=0.0, help="share of the loss on the target's top-8")
 ap.add_argument("--threads", type=int, default=0, help="harvest and torch threads (0: all cores)")
 ap.add_argument("--work-dir", type=Path, default=None)
@@ -53,6 +58,8 @@ ap.add_argument("--resume", action="store_true", help="continue training from th
 ap.add_argument("--harvest-only", action="store_true", help="only (continue to) harvest, then stop")
 ap.add_argument("--shard", default="0/1", help="I/N: harvest every N-th prompt from the I-th (run N processes "
                 "with --threads 1 side by side; they append to the same dataset)")
+ap.add_argument("--prompt-range", default=None, help="A:B: harvest only prompts A..B-1 of the set (e.g. those a "
+                "drafter being continued with --init-drafter has not seen)")
 ap.add_argument("--manifest", action="store_true", help="record the result in dflash_gguf/assets/drafters.json")
 a = ap.parse_args()
 
@@ -68,11 +75,13 @@ harvest = HarvestSettings(taps=TAPS, n_threads=a.threads, seed=SEED, n_parallel=
                           top_k_probs=8)
 train = TrainSettings(n_layers=2, block_size=8, rows=a.rows, lr=a.lr, warmup=0.03, anchors_per_seq=a.anchors,
                       seqs_per_step=a.seqs_per_step, seed=SEED, max_seconds=a.minutes * 60 if a.minutes else None,
-                      eval_every=2000, eval_seqs=48, ckpt_minutes=5.0, distill=a.distill)
+                      eval_every=2000, eval_seqs=a.eval_seqs, ckpt_minutes=5.0, distill=a.distill,
+                      short_blocks=a.short_blocks)
 if a.harvest_only:
     from dflash_gguf.train.harvest import harvest as run_harvest  # noqa: E402
     shard = tuple(int(x) for x in a.shard.split("/"))
-    w = run_harvest(target, prompts, data, harvest, max_tokens=a.tokens, shard=shard,
+    span = tuple(int(x) for x in a.prompt_range.split(":")) if a.prompt_range else None
+    w = run_harvest(target, prompts, data, harvest, max_tokens=a.tokens, shard=shard, prompt_range=span,
                     max_seconds=a.harvest_minutes * 60 if a.harvest_minutes is not None else None,
                     meta_extra={"target_sha256": file_sha256(target), "prompts_sha256": prompts_sha256(prompts)})
     print(json.dumps({"data_dir": str(data), "sequences": len(w.done), "tokens": w.offset,
@@ -82,6 +91,7 @@ if a.harvest_only:
 record = train_drafter(target, a.out, prompts, work, taps=TAPS, harvest_settings=harvest, train_settings=train,
                        max_tokens=a.tokens, outtype="q8_0", resume=a.resume, force=True, draft_vocab=DRAFT_VOCAB,
                        data_dir=data, harvest_seconds=a.harvest_minutes * 60 if a.harvest_minutes is not None else None,
+                       init_drafter=a.init_drafter,
                        data_note=f"{DEFAULT_PROMPTS.relative_to(ROOT)} (licences in dflash_gguf/train/data/README.md); "
                                  "responses written by the target")
 if a.eval_prompts and EVAL.is_dir():

@@ -77,27 +77,59 @@ class FeatureDataset:
     def n_tokens(self, ids: list[int]) -> int:
         return sum(e - s for i in ids for s, e in spans_of(self.index[i]))
 
-    def blocks(self, seq: int, n_anchors: int, block_size: int, mask_token: int, rng: np.random.Generator
-               ) -> PackedBlocks | None:
+    def blocks(self, seq: int, n_anchors: int, block_size: int, mask_token: int, rng: np.random.Generator,
+               short_share: float = 0.0) -> PackedBlocks | None:
+        """Blocks at random anchors of one sequence. A share `short_share` of them is cut to 2..B-1 rows
+        (the rows past the cut are neither seen nor labelled): on CPUs the engine drafts n tokens with n+1
+        rows, and a drafter that only ever saw whole blocks proposes a little worse there."""
         r = self.index[seq]
-        off, length = r["offset"], r["length"]
+        length = r["length"]
         candidates = np.concatenate([np.arange(s, min(e, length) - block_size + 1) for s, e in spans_of(r)])
         if len(candidates) == 0:                         # no block fits inside a span
             return None
         anchors = np.sort(rng.choice(candidates, size=min(n_anchors, len(candidates)), replace=False))
+        rows = np.full(len(anchors), block_size)
+        if short_share > 0 and block_size > 2:
+            cut = rng.random(len(anchors)) < short_share
+            rows[cut] = rng.integers(2, block_size, size=int(cut.sum()))
+        return self._pack(r, anchors, rows, block_size, mask_token, hide_past=True)
+
+    def walk_anchors(self, seq: int) -> list[np.ndarray]:
+        """Per target-written span, every anchor a drafter could be asked at: its start .. end-2 (the last
+        token of a span has nothing left to draft)."""
+        r = self.index[seq]
+        return [np.arange(s, min(e, r["length"]) - 1) for s, e in spans_of(r) if min(e, r["length"]) - s >= 2]
+
+    def anchor_blocks(self, seq: int, anchors: np.ndarray, block_size: int, mask_token: int) -> PackedBlocks:
+        """Blocks at the given anchors of one span; labels stop at the span's end (-100 past it), as a
+        drafter near the end of an answer has fewer tokens to get right."""
+        r = self.index[seq]
+        end = next(min(e, r["length"]) for s, e in spans_of(r) if s <= anchors[0] < e)
+        return self._pack(r, anchors, np.minimum(block_size, end - anchors), block_size, mask_token)
+
+    def _pack(self, r: dict, anchors: np.ndarray, valid: np.ndarray, block_size: int, mask_token: int,
+              hide_past: bool = False) -> PackedBlocks:
+        """anchors [A] sorted; valid [A]: rows of each block with a label (the anchor row included);
+        hide_past: rows past `valid` are also invisible to the block (a shorter block, not a cut label)."""
+        off, length = r["offset"], r["length"]
         toks = np.asarray(self.tokens[off:off + length], dtype=np.int64)
         A, B = len(anchors), block_size
         slot = np.tile(np.arange(B), A)
         pos = (anchors[:, None] + np.arange(B)).reshape(-1)
-        block_tokens = np.where(slot == 0, toks[pos], mask_token)
-        labels = np.where(slot == 0, -100, toks[pos])
+        labelled = (slot > 0) & (slot < np.repeat(valid, B))
+        inside = np.minimum(pos, length - 1)
+        block_tokens = np.where(slot == 0, toks[inside], mask_token)
+        labels = np.where(labelled, toks[inside], -100)
         C = int(anchors.max())                           # context rows any block can see
         ctx_visible = np.arange(C)[None, :] < anchors[:, None]                   # [A, C]
         blk = np.arange(A * B) // B
-        mask = np.concatenate([ctx_visible[blk], blk[:, None] == blk[None, :]], axis=1)
+        own = blk[:, None] == blk[None, :]
+        if hide_past:
+            own &= (slot < np.repeat(valid, B))[None, :]
+        mask = np.concatenate([ctx_visible[blk], own], axis=1)
         teacher_ids = teacher_p = None
         if self.top_k:                                   # the distribution of the token at p was kept at p - 1
-            teacher_ids = np.asarray(self.topk_ids[off + pos - 1])
-            teacher_p = np.asarray(self.topk_p[off + pos - 1], dtype=np.float32)
+            teacher_ids = np.asarray(self.topk_ids[off + inside - 1])
+            teacher_p = np.asarray(self.topk_p[off + inside - 1], dtype=np.float32)
         return PackedBlocks(block_tokens, pos, labels, slot, np.asarray(self.feats[off:off + C]), mask,
                             teacher_ids, teacher_p)

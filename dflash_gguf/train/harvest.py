@@ -163,11 +163,12 @@ def top_k_probs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 def harvest(target_path: Path, prompts: list[dict], out: Path, settings: HarvestSettings,
             max_tokens: int | None = None, max_seconds: float | None = None, meta_extra: dict | None = None,
             progress: Callable[["DatasetWriter", float], None] | None = None,
-            shard: tuple[int, int] = (0, 1)) -> DatasetWriter:
+            shard: tuple[int, int] = (0, 1), prompt_range: tuple[int, int] | None = None) -> DatasetWriter:
     """Generate responses for `prompts` (skipping those already in `out`) until all are done, the dataset
     holds max_tokens tokens or max_seconds have passed (sequences in flight are then kept as they are).
     shard (i, n): this process takes the prompts whose index is i mod n (n single-threaded processes beat
-    one n-threaded one on a busy machine: ggml's threads wait for each other at every op)."""
+    one n-threaded one on a busy machine: ggml's threads wait for each other at every op).
+    prompt_range [a, b): only these prompt indices (e.g. prompts a drafter being continued has not seen)."""
     from ..native.wrappers import Batch, Context, ContextSettings, Model  # noqa: PLC0415
 
     model = Model(target_path, n_gpu_layers=settings.n_gpu_layers)
@@ -181,7 +182,9 @@ def harvest(target_path: Path, prompts: list[dict], out: Path, settings: Harvest
     ctx.set_taps(settings.taps)
     width = len(settings.taps) * model.n_embd
     batch = Batch(model.native, max(512, n_par))
-    queue = [(i, r) for i, r in enumerate(prompts) if i not in writer.done and i % shard[1] == shard[0]]
+    lo, hi = prompt_range or (0, len(prompts))
+    queue = [(i, r) for i, r in enumerate(prompts)
+             if lo <= i < hi and i not in writer.done and i % shard[1] == shard[0]]
     queue.reverse()                       # pop() from the end takes them in order
     slots: dict[int, _Slot] = {}
     t0 = time.time()

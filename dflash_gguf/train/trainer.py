@@ -33,6 +33,7 @@ class TrainSettings:
     # on CPU (val loss 4.16 vs 4.99 for 4 × 48 at 250k rows; docs/scaling.json)
     anchors_per_seq: int = 12
     seqs_per_step: int = 1
+    short_blocks: float = 0.0           # share of training blocks cut to 2..B-1 rows (CPU engines draft short)
     lr: float = 8e-4
     weight_decay: float = 0.01
     warmup: float = 0.04                # share of the rows budget
@@ -41,7 +42,7 @@ class TrainSettings:
     rows: int | None = None             # labelled rows to train on (the schedule runs over them)
     max_seconds: float | None = None    # stop early (the schedule does not change)
     eval_every: int = 100
-    eval_seqs: int = 64                 # validation sequences per evaluation (32 anchors each)
+    eval_seqs: int = 64                 # validation sequences per evaluation (every anchor of each)
     ckpt_minutes: float = 5.0
     seed: int = 0
     device: str = "cpu"
@@ -63,8 +64,9 @@ class TrainSettings:
 @dataclass
 class EvalResult:
     loss: float
-    slot_accept: list[float]            # P(slot k right | slots < k right)
-    mean_accepted: float                # E[leading correct slots]: τ - 1 if verify took the whole block
+    slot_accept: list[float]            # P(slot k right | slots < k right), along the walk
+    mean_accepted: float                # accepted drafts per block, walking each span as a greedy run would
+    anchor_tau: float = float("nan")    # 1 + leading correct slots averaged over every anchor (biased upward)
 
     @property
     def tau(self) -> float:
@@ -263,7 +265,7 @@ class Trainer:
                    "train_sequences": len(self.train_ids)}
             if self.step % self.s.eval_every == 0 or self.rows_seen >= self.total_rows:
                 last_eval = self.evaluate(self.s.eval_seqs)
-                rec |= {"val_loss": last_eval.loss, "val_tau": last_eval.tau,
+                rec |= {"val_loss": last_eval.loss, "val_tau": last_eval.tau, "val_anchor_tau": last_eval.anchor_tau,
                         "val_slot_accept": [round(x, 3) for x in last_eval.slot_accept]}
             self.history.append(rec)
             if time.time() - last_ckpt > self.s.ckpt_minutes * 60:
@@ -290,34 +292,39 @@ class Trainer:
     def _next_blocks(self, order) -> PackedBlocks:
         while True:
             pb = self.data.blocks(next(order), self.s.anchors_per_seq, self.config.block_size,
-                                  self.config.mask_token_id, self.rng)
+                                  self.config.mask_token_id, self.rng, self.s.short_blocks)
             if pb is not None:
                 return pb
 
-    def evaluate(self, max_seqs: int = 64) -> EvalResult:
-        """Loss and greedy acceptance on held-out sequences, over the columns inference proposes from."""
+    def evaluate(self, max_seqs: int = 64, chunk: int = 48) -> EvalResult:
+        """Loss and greedy acceptance on held-out sequences, over the columns inference proposes from: every
+        anchor of each target-written span is drafted, then the span is walked as a greedy speculative run
+        walks it (acceptance.py), so this τ and the engine's count the same thing."""
+        from .acceptance import Walk, leading_correct  # noqa: PLC0415
         torch = self.torch
-        rng = np.random.default_rng(1234)
         B = self.config.block_size
-        losses, correct_runs, slot_hits, slot_tries = [], [], np.zeros(B), np.zeros(B)
+        loss_sum, weight_sum, anchor_runs = 0.0, 0.0, []
+        walk = Walk()
         self.model.eval()
         with torch.no_grad():
             for seq in self.val_ids[:max_seqs]:
-                pb = self.data.blocks(seq, 32, B, self.config.mask_token_id, rng)
-                if pb is None:
-                    continue
-                logits, labels, slots = self.forward(pb)
-                losses.append(float(self.loss(logits, labels, slots)))
-                right = (logits.argmax(-1) == labels).view(-1, B - 1).cpu().numpy()        # [A, B-1]
-                run = np.cumprod(right, axis=1)
-                correct_runs += run.sum(axis=1).tolist()
-                prev = np.concatenate([np.ones((run.shape[0], 1)), run[:, :-1]], axis=1)
-                slot_tries[1:] += prev.sum(axis=0)
-                slot_hits[1:] += run.sum(axis=0)
+                for anchors in self.data.walk_anchors(seq):
+                    runs = []
+                    for i in range(0, len(anchors), chunk):
+                        pb = self.data.anchor_blocks(seq, anchors[i:i + chunk], B, self.config.mask_token_id)
+                        logits, labels, slots = self.forward(pb)
+                        w = float((self.weights[slots] * (labels >= 0)).sum())
+                        loss_sum += float(self.loss(logits, labels, slots)) * w
+                        weight_sum += w
+                        right = ((logits.argmax(-1) == labels) & (labels >= 0)).view(-1, B - 1).cpu().numpy()
+                        runs.append(leading_correct(right))
+                    runs = np.concatenate(runs)
+                    walk.add_span(runs, B - 1)
+                    anchor_runs.append(runs)
         self.model.train()
-        accept = [float(h / t) if t else 0.0 for h, t in zip(slot_hits[1:], slot_tries[1:])]
-        return EvalResult(float(np.mean(losses)) if losses else float("nan"), accept,
-                          float(np.mean(correct_runs)) if correct_runs else 0.0)
+        anchor_tau = 1.0 + float(np.concatenate(anchor_runs).mean()) if anchor_runs else float("nan")
+        return EvalResult(loss_sum / weight_sum if weight_sum else float("nan"), walk.slot_accept, walk.tau - 1.0,
+                          anchor_tau)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save(self, out_dir: Path) -> None:

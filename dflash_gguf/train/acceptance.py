@@ -1,0 +1,50 @@
+"""Acceptance along a target-written span, counted the way a greedy speculative run meets it.
+
+Averaging the accepted length over random anchors overweights easy stretches: a run of 40 predictable
+tokens holds 40 anchors, but a decoding loop crosses it in a few blocks and spends its calls where the
+drafter fails. Walking the span — draft at p, accept k, continue at p + k + 1 — counts what the engine
+(and `measure.py`) counts, so validation τ and engine τ measure the same thing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+def leading_correct(right: np.ndarray) -> np.ndarray:
+    """[A, n] per-slot hits (False past the end of the span) -> [A] leading hits of each block."""
+    return np.cumprod(right, axis=1).sum(axis=1)
+
+
+@dataclass
+class Walk:
+    tokens: int = 0                                  # tokens after each span's first
+    calls: int = 0                                   # blocks drafted (target calls)
+    tried: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    hits: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def add_span(self, runs: np.ndarray, n_slots: int) -> None:
+        """runs[i]: leading hits of the block drafted at the span's (i)-th position, for every position but
+        the last of the span (len(runs) = span length - 1)."""
+        if len(self.tried) < n_slots:
+            self.tried = np.pad(self.tried, (0, n_slots - len(self.tried)))
+            self.hits = np.pad(self.hits, (0, n_slots - len(self.hits)))
+        p, end = 0, len(runs)
+        while p < end:
+            n = min(n_slots, end - p)
+            k = int(runs[p])
+            self.tried[:min(k + 1, n)] += 1
+            self.hits[:k] += 1
+            self.calls += 1
+            p += k + 1
+        self.tokens += end
+
+    @property
+    def tau(self) -> float:
+        return self.tokens / self.calls if self.calls else 1.0
+
+    @property
+    def slot_accept(self) -> list[float]:
+        return [float(h / t) if t else 0.0 for h, t in zip(self.hits, self.tried)]
