@@ -140,6 +140,17 @@ def test_training_resumes_at_the_rows_it_had_seen(tmp_path):
     assert all(h["rows_per_s"] > 0 for h in history)
 
 
+def test_training_can_stop_at_a_snapshot_and_go_on_under_the_same_schedule(tmp_path):
+    tr = _trainer(_dataset(tmp_path, _random_seqs()), rows=3000, anchors_per_seq=8, eval_every=10**9)
+    lr_mid = tr.lr_at(1500)
+    tr.train(tmp_path / "ck", progress=False, stop_at=1000)
+    assert 1000 <= tr.rows_seen < 1200 and tr.total_rows == 3000
+    assert tr.lr_at(1500) == lr_mid                        # the cosine still runs over the whole budget
+    first = tr.step
+    tr.train(tmp_path / "ck", progress=False)
+    assert tr.rows_seen >= 3000 and tr.step > first
+
+
 @pytest.mark.slow
 def test_harvest_multi_turn_topk_and_resume_on_a_tiny_target(tmp_path):
     from dflash_gguf.native.wrappers import Model
@@ -151,6 +162,8 @@ def test_harvest_multi_turn_topk_and_resume_on_a_tiny_target(tmp_path):
                                sampled_fraction=0.5, top_k_probs=K)
     first = harvest(target, rows, tmp_path / "d", settings, max_tokens=60)
     assert 0 < len(first.done) < 12
+    harvest(target, rows, tmp_path / "d", settings, prompt_range=(0, 9))     # resumes, within its range
+    assert sorted(r["prompt_index"] for r in FeatureDataset(tmp_path / "d").index) == list(range(9))
     harvest(target, rows, tmp_path / "d", settings)                # resumes: each prompt exactly once
     data = FeatureDataset(tmp_path / "d")
     assert sorted(r["prompt_index"] for r in data.index) == list(range(12))

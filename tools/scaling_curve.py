@@ -38,6 +38,13 @@ ap.add_argument("--same-rows", type=int, default=60000, help="budget of the data
 ap.add_argument("--fractions", type=float, nargs="*", default=[0.1])
 ap.add_argument("--diversity", action="store_true", help="add the low-diversity point")
 ap.add_argument("--distill", type=float, default=None, help="add a point with this distillation share at --same-rows")
+ap.add_argument("--init-drafter", type=Path, default=None, help="continue this drafter (GGUF) instead of starting "
+                "from the target's layers; with --snapshots: one run, τ measured at each snapshot")
+ap.add_argument("--snapshots", type=int, nargs="*", default=[], help="rows of one continued run at which to export "
+                "and measure (the cosine runs over the largest)")
+ap.add_argument("--rows-before", type=int, default=0, help="labelled rows the --init-drafter was trained on")
+ap.add_argument("--tokens-before", type=int, default=0, help="training tokens the --init-drafter saw")
+ap.add_argument("--short-blocks", type=float, default=0.0)
 ap.add_argument("--extra", type=Path, nargs="*", default=[], help="train-record JSONs of longer runs to include")
 ap.add_argument("--merge", type=Path, nargs="*", default=[], help="scaling JSONs of runs made side by side")
 ap.add_argument("--eval", type=Path, default=ROOT.parent / "shared" / "prompts")
@@ -62,7 +69,25 @@ LOW_DIVERSITY = ("template:", "cpython:")
 
 def settings(rows: int, distill: float = 0.0) -> TrainSettings:
     return TrainSettings(n_layers=2, block_size=8, rows=rows, lr=a.lr, warmup=0.03, anchors_per_seq=a.anchors,
-                         seqs_per_step=a.seqs_per_step, eval_every=10**9, eval_seqs=48, seed=1, distill=distill)
+                         seqs_per_step=a.seqs_per_step, eval_every=10**9, eval_seqs=48, seed=1, distill=distill,
+                         short_blocks=a.short_blocks)
+
+
+def record(series: str, label: str, trainer, data, tau, val, seconds: float, **extra) -> None:
+    rec = {"series": series, "label": label, "rows": trainer.rows_seen + extra.pop("rows_before", 0),
+           "train_seconds": round(seconds, 1), "rows_per_s": round(trainer.rows_seen / max(seconds, 1e-9), 1),
+           "train_sequences": len(data.split()[0]),
+           "train_tokens": data.n_tokens(data.split()[0]) + extra.pop("tokens_before", 0),
+           "tau": round(tau.overall, 3), "tau_by_category": {k: round(v, 3) for k, v in tau.by_category.items()},
+           "slot_accept": [round(x, 3) for x in tau.slot_accept], "val_tau": round(val.tau, 3),
+           "val_anchor_tau": round(val.anchor_tau, 3), "val_tau_counted": "walk", "val_loss": round(val.loss, 4),
+           "eval_prompts_per_category": a.eval_prompts,
+           "recipe": {"anchors_per_seq": a.anchors, "seqs_per_step": a.seqs_per_step, "lr": a.lr,
+                      "short_blocks": a.short_blocks}} | extra
+    report["points"].append(rec)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(report, indent=2))
+    print(json.dumps(rec), flush=True)
 
 
 def point(series: str, label: str, rows: int, keep=None, distill: float = 0.0) -> None:
@@ -77,19 +102,41 @@ def point(series: str, label: str, rows: int, keep=None, distill: float = 0.0) -
         out = Path(tmp) / "draft.gguf"
         export(trainer, target, out, {"labelled_rows": trainer.rows_seen}, vocab)
         tau = measure_tau(out, target, prompts, max_tokens=128, n_threads=a.threads or 0)
-    rec = {"series": series, "label": label, "rows": trainer.rows_seen, "train_seconds": round(seconds, 1),
-           "rows_per_s": round(trainer.rows_seen / seconds, 1), "train_sequences": len(data.split()[0]),
-           "train_tokens": data.n_tokens(data.split()[0]), "tau": round(tau.overall, 3),
-           "tau_by_category": {k: round(v, 3) for k, v in tau.by_category.items()},
-           "slot_accept": [round(x, 3) for x in tau.slot_accept], "val_tau": round(val.tau, 3),
-           "val_loss": round(val.loss, 4), "eval_prompts_per_category": a.eval_prompts,
-           "recipe": {"anchors_per_seq": a.anchors, "seqs_per_step": a.seqs_per_step, "lr": a.lr}}
-    report["points"].append(rec)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(report, indent=2))
-    print(json.dumps(rec), flush=True)
+    record(series, label, trainer, data, tau, val, seconds)
 
 
+def snapshots(series: str) -> None:
+    """One run continuing --init-drafter over max(--snapshots) rows, exported and measured at each snapshot;
+    each snapshot's GGUF (with its settings in the metadata) and the run's checkpoint stay in the user cache."""
+    from dataclasses import asdict  # noqa: PLC0415
+
+    from dflash_gguf.paths import cache_root  # noqa: PLC0415
+    data = SubsetDataset(a.data, lambda i, r: True)
+    train_settings = settings(max(a.snapshots))
+    trainer, vocab = build_trainer(target, data, train_settings, a.draft_vocab, a.init_drafter)
+    keep = cache_root() / "train" / "snapshots" / series.replace(" ", "-").replace(",", "")
+    before = {"rows_before": a.rows_before, "tokens_before": a.tokens_before, "init_drafter": a.init_drafter.name}
+    t0 = time.time()
+    for rows in [0] + sorted(a.snapshots):
+        label = f"{a.rows_before} + {rows} rows"
+        val = trainer.train(keep / "checkpoint", progress=False, stop_at=rows) if rows else trainer.evaluate(48)
+        seconds = time.time() - t0
+        out = keep / f"snapshot-{rows}.gguf"
+        train_ids = data.split()[0]
+        export(trainer, target, out, {
+            "labelled_rows": a.rows_before + trainer.rows_seen, "rows_this_run": trainer.rows_seen,
+            "init_drafter": a.init_drafter.name, "rows_before": a.rows_before, "tokens_before": a.tokens_before,
+            "train_settings": asdict(train_settings), "dataset": a.data.name, "sequences": len(data.index),
+            "response_tokens": data.n_tokens(train_ids), "val_tau": val.tau, "val_slot_accept": val.slot_accept,
+            "val_loss": val.loss, "recipe": "tools/scaling_curve.py --snapshots"}, vocab)
+        if (series, label) not in done:
+            tau = measure_tau(out, target, prompts, max_tokens=128, n_threads=a.threads or 0)
+            record(series, label, trainer, data, tau, val, seconds, **before, gguf=str(out.name))
+        t0 = time.time() - seconds                        # measuring is not training time
+
+
+if a.snapshots:
+    snapshots(a.series)
 for rows in a.rows:
     point(a.series, f"{rows} rows", rows)
 for frac in a.fractions:

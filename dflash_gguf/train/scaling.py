@@ -90,6 +90,12 @@ def extrapolate(points: list[dict], rows_per_s: float, taus=(3.0, 4.0, 5.0), blo
             "reach_acceptance_model": _reach(rows_logistic, rows_per_s, taus)}
 
 
+def val_counted(point: dict) -> str:
+    """How a point's validation τ was counted: 'walk' (as the engine counts, since 2026-11-24) or
+    'anchor average' (every anchor weighted alike: higher than the engine's count on the same drafts)."""
+    return point.get("val_tau_counted", "anchor average")
+
+
 def plot_curve(report: dict, out: Path) -> Path:
     import matplotlib  # noqa: PLC0415
     matplotlib.use("Agg")
@@ -102,9 +108,11 @@ def plot_curve(report: dict, out: Path) -> Path:
     for n, name in enumerate(series):
         pts = sorted((p for p in report["points"] if p["series"] == name), key=lambda p: p["rows"])
         xs = [p["rows"] for p in pts]
-        for key, label, style in (("tau", "engine τ", "o-"), ("val_tau", "validation τ", "s--")):
-            ax.plot(xs, [p[key] for p in pts], style, color=f"C{n}", alpha=1.0 if key == "tau" else 0.5,
-                    label=f"{label}: {name}")
+        ax.plot(xs, [p["tau"] for p in pts], "o-", color=f"C{n}", label=f"engine τ: {name}")
+        for counted, style in (("walk", "s--"), ("anchor average", "x:")):
+            val = [(p["rows"], p["val_tau"]) for p in pts if val_counted(p) == counted]
+            if val:
+                ax.plot(*zip(*val), style, color=f"C{n}", alpha=0.5, label=f"validation τ ({counted}): {name}")
         if name == fitted:
             for cat, marker in (("code", "^"), ("math", "v"), ("chat", "d")):
                 ax.plot(xs, [p["tau_by_category"].get(cat, math.nan) for p in pts], marker, color=f"C{n}", alpha=0.4,

@@ -229,16 +229,19 @@ class Trainer:
         extra = self.rng.choice(self.n_vocab, size=min(self.s.loss_vocab_extra, self.n_vocab), replace=False)
         return np.union1d(self.data_vocab, extra)
 
-    def train(self, out_dir: Path, progress: bool = True) -> EvalResult:
+    def train(self, out_dir: Path, progress: bool = True, stop_at: int | None = None) -> EvalResult:
+        """Train to the end of the rows budget, or only up to `stop_at` rows (the schedule stays the whole
+        budget's, so a later call goes on where this one stopped: snapshots of one run)."""
         torch = self.torch
+        end = min(self.total_rows, stop_at or self.total_rows)
         from tqdm import tqdm  # noqa: PLC0415
         t0 = time.time() - self.seconds_before
         last_ckpt = time.time()
         order = self._order()
-        bar = tqdm(total=self.total_rows, initial=self.rows_seen, disable=not progress, desc="train", unit="row",
+        bar = tqdm(total=end, initial=self.rows_seen, disable=not progress, desc="train", unit="row",
                    unit_scale=True)
         last_eval = None
-        while self.rows_seen < self.total_rows:
+        while self.rows_seen < end:
             if self.s.max_seconds and time.time() - t0 > self.s.max_seconds:
                 break
             lr = self.lr_at(self.rows_seen)
@@ -263,7 +266,7 @@ class Trainer:
             rec = {"step": self.step, "rows": self.rows_seen, "loss": total, "lr": lr,
                    "seconds": self.seconds_before, "rows_per_s": self.rows_seen / max(self.seconds_before, 1e-9),
                    "train_sequences": len(self.train_ids)}
-            if self.step % self.s.eval_every == 0 or self.rows_seen >= self.total_rows:
+            if self.step % self.s.eval_every == 0 or self.rows_seen >= end:
                 last_eval = self.evaluate(self.s.eval_seqs)
                 rec |= {"val_loss": last_eval.loss, "val_tau": last_eval.tau, "val_anchor_tau": last_eval.anchor_tau,
                         "val_slot_accept": [round(x, 3) for x in last_eval.slot_accept]}
