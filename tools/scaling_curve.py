@@ -28,7 +28,7 @@ from dflash_gguf.train.scaling import SubsetDataset, best_compute_series, extrap
 from dflash_gguf.train.trainer import TrainSettings  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__)
-ap.add_argument("--data", type=Path, required=True, help="harvested dataset folder")
+ap.add_argument("--data", type=Path, default=None, help="harvested dataset folder (for the points trained here)")
 ap.add_argument("--rows", type=int, nargs="*", default=[6000, 20000, 60000, 200000])
 ap.add_argument("--series", default="compute", help="name of this recipe's compute series (starts with 'compute')")
 ap.add_argument("--anchors", type=int, default=48, help="anchor blocks per sequence per step")
@@ -38,12 +38,8 @@ ap.add_argument("--same-rows", type=int, default=60000, help="budget of the data
 ap.add_argument("--fractions", type=float, nargs="*", default=[0.1])
 ap.add_argument("--diversity", action="store_true", help="add the low-diversity point")
 ap.add_argument("--distill", type=float, default=None, help="add a point with this distillation share at --same-rows")
-ap.add_argument("--init-drafter", type=Path, default=None, help="continue this drafter (GGUF) instead of starting "
-                "from the target's layers; with --snapshots: one run, τ measured at each snapshot")
-ap.add_argument("--snapshots", type=int, nargs="*", default=[], help="rows of one continued run at which to export "
-                "and measure (the cosine runs over the largest)")
-ap.add_argument("--rows-before", type=int, default=0, help="labelled rows the --init-drafter was trained on")
-ap.add_argument("--tokens-before", type=int, default=0, help="training tokens the --init-drafter saw")
+ap.add_argument("--points", type=Path, nargs="*", default=[], help="snapshots.json of a run of "
+                "tools/train_default_drafter.py --snapshots, added as --series")
 ap.add_argument("--short-blocks", type=float, default=0.0)
 ap.add_argument("--extra", type=Path, nargs="*", default=[], help="train-record JSONs of longer runs to include")
 ap.add_argument("--merge", type=Path, nargs="*", default=[], help="scaling JSONs of runs made side by side")
@@ -93,6 +89,8 @@ def record(series: str, label: str, trainer, data, tau, val, seconds: float, **e
 def point(series: str, label: str, rows: int, keep=None, distill: float = 0.0) -> None:
     if (series, label) in done:
         return
+    if a.data is None:
+        sys.exit(f"--data: needed to train the point '{series}: {label}'")
     data = SubsetDataset(a.data, keep or (lambda i, r: True))
     trainer, vocab = build_trainer(target, data, settings(rows, distill), a.draft_vocab)
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,45 +103,13 @@ def point(series: str, label: str, rows: int, keep=None, distill: float = 0.0) -
     record(series, label, trainer, data, tau, val, seconds)
 
 
-def snapshots(series: str) -> None:
-    """One run continuing --init-drafter over max(--snapshots) rows, exported and measured at each snapshot;
-    each snapshot's GGUF (with its settings in the metadata) and the run's checkpoint stay in the user cache."""
-    from dataclasses import asdict  # noqa: PLC0415
-
-    from dflash_gguf.paths import cache_root  # noqa: PLC0415
-    data = SubsetDataset(a.data, lambda i, r: True)
-    train_settings = settings(max(a.snapshots))
-    trainer, vocab = build_trainer(target, data, train_settings, a.draft_vocab, a.init_drafter)
-    keep = cache_root() / "train" / "snapshots" / series.replace(" ", "-").replace(",", "")
-    before = {"rows_before": a.rows_before, "tokens_before": a.tokens_before, "init_drafter": a.init_drafter.name}
-    t0 = time.time()
-    for rows in [0] + sorted(a.snapshots):
-        label = f"{a.rows_before} + {rows} rows"
-        val = trainer.train(keep / "checkpoint", progress=False, stop_at=rows) if rows else trainer.evaluate(48)
-        seconds = time.time() - t0
-        out = keep / f"snapshot-{rows}.gguf"
-        train_ids = data.split()[0]
-        export(trainer, target, out, {
-            "labelled_rows": a.rows_before + trainer.rows_seen, "rows_this_run": trainer.rows_seen,
-            "init_drafter": a.init_drafter.name, "rows_before": a.rows_before, "tokens_before": a.tokens_before,
-            "train_settings": asdict(train_settings), "dataset": a.data.name, "sequences": len(data.index),
-            "response_tokens": data.n_tokens(train_ids), "val_tau": val.tau, "val_slot_accept": val.slot_accept,
-            "val_loss": val.loss, "recipe": "tools/scaling_curve.py --snapshots"}, vocab)
-        if (series, label) not in done:
-            tau = measure_tau(out, target, prompts, max_tokens=128, n_threads=a.threads or 0)
-            record(series, label, trainer, data, tau, val, seconds, **before, gguf=str(out.name))
-        t0 = time.time() - seconds                        # measuring is not training time
-
-
-if a.snapshots:
-    snapshots(a.series)
 for rows in a.rows:
     point(a.series, f"{rows} rows", rows)
 for frac in a.fractions:
     point("data size", f"{frac:.0%} of the data", a.same_rows, lambda i, r, f=frac: (i * 0.6180339887) % 1 < f)
 if a.distill is not None:
     point("distillation", f"distill {a.distill:g}", a.same_rows, distill=a.distill)
-if a.diversity:
+if a.diversity and a.data is not None:
     full = SubsetDataset(a.data, lambda i, r: True)
     narrow_ids = {i for i in full.split()[0] if str(full.index[i].get("source", "")).startswith(LOW_DIVERSITY)}
     narrow_tokens = full.n_tokens(sorted(narrow_ids))
@@ -164,6 +130,10 @@ for extra in a.extra:
                                  "val_loss": round(r["val_loss"], 4),
                                  "recipe": {"anchors_per_seq": ts.get("anchors_per_seq"),
                                             "seqs_per_step": ts.get("seqs_per_step"), "lr": ts.get("lr")}})
+for path in a.points:                 # snapshots of a long run (tools/train_default_drafter.py --snapshots)
+    seen = {(p["series"], p["label"]) for p in report["points"]}
+    report["points"] += [p | {"series": a.series} for p in json.loads(path.read_text())
+                         if (a.series, p["label"]) not in seen]
 for other in a.merge:                 # points measured by another run of this tool (side by side)
     seen = {(p["series"], p["label"]) for p in report["points"]}
     report["points"] += [p for p in json.loads(other.read_text())["points"] if (p["series"], p["label"]) not in seen]

@@ -60,7 +60,12 @@ ap.add_argument("--shard", default="0/1", help="I/N: harvest every N-th prompt f
                 "with --threads 1 side by side; they append to the same dataset)")
 ap.add_argument("--prompt-range", default=None, help="A:B: harvest only prompts A..B-1 of the set (e.g. those a "
                 "drafter being continued with --init-drafter has not seen)")
+ap.add_argument("--snapshots", type=int, nargs="*", default=[], help="labelled rows at which to export the drafter "
+                "so far and measure its engine τ (<work dir>/snapshots.json: points for tools/scaling_curve.py "
+                "--points); training goes on exactly as without them")
 ap.add_argument("--manifest", action="store_true", help="record the result in dflash_gguf/assets/drafters.json")
+ap.add_argument("--ship", action="store_true", help="copy --out over the shipped drafter and record it in "
+                "drafters.json, only if its engine τ beats the shipped one's")
 a = ap.parse_args()
 
 import torch  # noqa: E402
@@ -88,28 +93,73 @@ if a.harvest_only:
                       "this_run": {"seconds": round(w.seconds, 1), "response_tokens": w.n_response_written,
                                    "response_tok_s": round(w.n_response_written / max(w.seconds, 1e-9), 1)}}))
     sys.exit(0)
+
+
+def measure(path: Path):
+    from dflash_gguf.train.measure import load_eval_prompts, measure_tau  # noqa: PLC0415
+    return measure_tau(path, target, load_eval_prompts(EVAL, a.eval_prompts), max_tokens=128, n_threads=a.threads or 0)
+
+
+def snapshot(trainer, vocab, val) -> None:
+    """Export the drafter so far and measure it: one point of the compute curve, counted from the first
+    drafter of the chain when this run continues one (--init-drafter)."""
+    from dflash_gguf.train.pipeline import export  # noqa: PLC0415
+    before = getattr(trainer, "init_record", None) or {"labelled_rows_in_all": 0, "response_tokens_in_all": 0}
+    path = work / "snapshots" / f"rows-{trainer.rows_seen}.gguf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    export(trainer, target, path, {"labelled_rows": trainer.rows_seen, "init_drafter": before,
+                                   "train_settings": asdict(train)}, vocab)
+    tau = measure(path)
+    tokens = trainer.data.n_tokens(trainer.train_ids)
+    point = {"label": f"{trainer.rows_seen} rows of this run", "rows": before["labelled_rows_in_all"] + trainer.rows_seen,
+             "rows_this_run": trainer.rows_seen, "train_seconds": round(trainer.seconds_before, 1),
+             "rows_per_s": round(trainer.rows_seen / max(trainer.seconds_before, 1e-9), 1),
+             "train_sequences": len(trainer.train_ids), "train_tokens": before["response_tokens_in_all"] + tokens,
+             "tau": round(tau.overall, 3), "tau_by_category": {k: round(v, 3) for k, v in tau.by_category.items()},
+             "slot_accept": [round(x, 3) for x in tau.slot_accept], "val_tau": round(val.tau, 3),
+             "val_anchor_tau": round(val.anchor_tau, 3), "val_tau_counted": "walk", "val_loss": round(val.loss, 4),
+             "eval_prompts_per_category": a.eval_prompts, "init_drafter": before.get("file"),
+             "recipe": {"anchors_per_seq": a.anchors, "seqs_per_step": a.seqs_per_step, "lr": a.lr,
+                        "short_blocks": a.short_blocks, "rows": a.rows}}
+    log = work / "snapshots.json"
+    points = json.loads(log.read_text()) if log.exists() else []
+    log.write_text(json.dumps([p for p in points if p["label"] != point["label"]] + [point], indent=2))
+    print(json.dumps(point), file=sys.stderr, flush=True)
+
+
 record = train_drafter(target, a.out, prompts, work, taps=TAPS, harvest_settings=harvest, train_settings=train,
                        max_tokens=a.tokens, outtype="q8_0", resume=a.resume, force=True, draft_vocab=DRAFT_VOCAB,
                        data_dir=data, harvest_seconds=a.harvest_minutes * 60 if a.harvest_minutes is not None else None,
-                       init_drafter=a.init_drafter,
+                       init_drafter=a.init_drafter, snapshots=tuple(a.snapshots),
+                       on_snapshot=snapshot if a.snapshots and a.eval_prompts and EVAL.is_dir() else None,
                        data_note=f"{DEFAULT_PROMPTS.relative_to(ROOT)} (licences in dflash_gguf/train/data/README.md); "
                                  "responses written by the target")
 if a.eval_prompts and EVAL.is_dir():
-    from dflash_gguf.train.measure import load_eval_prompts, measure_tau  # noqa: E402
-    report = measure_tau(a.out, target, load_eval_prompts(EVAL, a.eval_prompts), max_tokens=128,
-                         n_threads=a.threads or 0)
-    record["engine_tau"] = report.to_json() | {"block": 8, "greedy": True, "max_tokens": 128,
-                                               "prompts": f"first {a.eval_prompts} of each ../shared/prompts/<category>.jsonl"}
+    record["engine_tau"] = measure(a.out).to_json() | {
+        "block": 8, "greedy": True, "max_tokens": 128,
+        "prompts": f"first {a.eval_prompts} of each ../shared/prompts/<category>.jsonl"}
     (work / "train-record.json").write_text(json.dumps(record, indent=2))
-if a.manifest:
-    entry = {"file": a.out.name, "sha256": file_sha256(a.out), "bytes": a.out.stat().st_size,
+shipped = json.loads((ROOT / "dflash_gguf" / "assets" / "drafters.json").read_text())[0]
+better = record.get("engine_tau", {}).get("tau_overall", 0) > shipped["measured"]["tau_overall"]
+if a.ship and not better:
+    print(f"not shipped: engine τ {record.get('engine_tau', {}).get('tau_overall')} does not beat the shipped "
+          f"{shipped['measured']['tau_overall']}", file=sys.stderr)
+if a.ship and better and a.out.resolve() != OUT.resolve():
+    import shutil  # noqa: E402
+    shutil.copyfile(a.out, OUT)
+if a.manifest or (a.ship and better):
+    entry = {"file": OUT.name if a.ship else a.out.name, "sha256": file_sha256(a.out), "bytes": a.out.stat().st_size,
              "target": {"name": "SmolLM2 135M Instruct", "architecture": "llama", "n_embd": 576, "n_layer": 30,
                         "n_vocab": 49152, "file": target.name, "sha256": record["target_sha256"]},
              "training": {k: record[k] for k in ("taps", "steps", "labelled_rows", "rows_per_second", "precision",
                                                  "sequences", "response_tokens", "val_loss", "val_tau_estimate",
                                                  "val_slot_accept")}
-                         | {"seed": SEED, "harvest": asdict(harvest), "prompts_sha256": prompts_sha256(prompts)},
+                         | {k: record[k] for k in ("init_drafter", "labelled_rows_in_all", "response_tokens_in_all",
+                                                   "val_anchor_tau") if record.get(k) is not None}
+                         | {"seed": SEED, "harvest": asdict(harvest), "prompts_sha256": prompts_sha256(prompts),
+                            "train_settings": asdict(train), "prompt_range": a.prompt_range},
              "draft_vocab": DRAFT_VOCAB, "recipe": "tools/train_default_drafter.py",
+             "command": " ".join(["tools/train_default_drafter.py"] + sys.argv[1:]),
              "measured": record.get("engine_tau")}
     (ROOT / "dflash_gguf" / "assets" / "drafters.json").write_text(json.dumps([entry], indent=2) + "\n")
 print(json.dumps({k: record[k] for k in ("labelled_rows", "rows_per_second", "val_tau_estimate")}

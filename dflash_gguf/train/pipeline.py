@@ -93,7 +93,21 @@ def build_trainer(target: Path, data, settings: TrainSettings, draft_vocab: int 
         from ..convert.target_info import read_target  # noqa: PLC0415
         src = read_source(str(init_drafter), read_target(target))
         trainer.load_weights(src.tensors, str(init_drafter))
+        trainer.init_record = init_record(init_drafter, src.train_metadata)
     return trainer, vocab
+
+
+def init_record(path: Path, train_metadata: dict) -> dict:
+    """What a drafter we continue had been trained on (its dflash_gguf.train.* keys), so that rows and
+    tokens can be counted from the very start: {file, labelled_rows, response_tokens, dataset}."""
+    get = {k.removeprefix("dflash_gguf.train."): v for k, v in train_metadata.items()}
+    before = {"file": path.name, "sha256": file_sha256(path)}
+    for key in ("labelled_rows", "response_tokens", "dataset", "init_drafter"):
+        if key in get:
+            before[key] = get[key]
+    before["labelled_rows_in_all"] = int(get.get("labelled_rows_in_all", get.get("labelled_rows", 0)))
+    before["response_tokens_in_all"] = int(get.get("response_tokens_in_all", get.get("response_tokens", 0)))
+    return before
 
 
 def export(trainer: Trainer, target: Path, out: Path, record: dict, vocab=None, *, outtype: str = "q8_0",
@@ -110,10 +124,13 @@ def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, 
                   harvest_settings: HarvestSettings, train_settings: TrainSettings, max_tokens: int | None,
                   outtype: str = "q8_0", resume: bool = False, force: bool = False, data_note: str = "",
                   progress: bool = True, draft_vocab: int | None = None, data_dir: Path | None = None,
-                  harvest_seconds: float | None = None, init_drafter: Path | None = None) -> dict:
+                  harvest_seconds: float | None = None, init_drafter: Path | None = None,
+                  snapshots: tuple[int, ...] = (), on_snapshot=None) -> dict:
     """Harvest (resuming what `data_dir` holds), train (resuming the checkpoint in `work_dir` if `resume`),
     export. The draft vocabulary, when asked for, is counted on the harvested data before training, and
-    the loss is taken over exactly those tokens, as the drafter will propose them."""
+    the loss is taken over exactly those tokens, as the drafter will propose them. At each of `snapshots`
+    (labelled rows) training pauses for on_snapshot(trainer, vocab, validation) — e.g. to export and measure
+    the drafter so far — and goes on exactly as if it had not paused."""
     from .dataset import FeatureDataset  # noqa: PLC0415
 
     if out.exists() and not force:
@@ -131,6 +148,12 @@ def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, 
     if resume and (ckpt_dir / "ckpt.pt").exists():
         trainer.resume(ckpt_dir)
         print(f"resumed at {trainer.rows_seen:,} of {trainer.total_rows:,} labelled rows", file=sys.stderr)
+    if 0 in snapshots and trainer.rows_seen == 0 and on_snapshot is not None:      # where the run starts from
+        on_snapshot(trainer, vocab, trainer.evaluate(trainer.s.eval_seqs))
+    for stop in sorted(s for s in snapshots if trainer.rows_seen < s < trainer.total_rows):
+        val = trainer.train(ckpt_dir, progress=progress, stop_at=stop)
+        if on_snapshot is not None:
+            on_snapshot(trainer, vocab, val)
     result = trainer.train(ckpt_dir, progress=progress)
     train_ids, val_ids = data.split()
     record = {"target": target.name, "target_sha256": target_sha, "taps": taps,
@@ -140,8 +163,13 @@ def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, 
               "labelled_rows": trainer.rows_seen, "train_seconds": round(trainer.seconds_before, 1),
               "rows_per_second": round(trainer.rows_seen / max(trainer.seconds_before, 1e-9), 1),
               "precision": str(trainer.autocast or "float32").removeprefix("torch."),
-              "val_loss": result.loss, "val_tau_estimate": result.tau,
+              "val_loss": result.loss, "val_tau_estimate": result.tau, "val_anchor_tau": result.anchor_tau,
+              "init_drafter": getattr(trainer, "init_record", None),
               "val_slot_accept": result.slot_accept, "data": data_note}
+    before = getattr(trainer, "init_record", None)
+    if before:                           # counted from the very first drafter of the chain
+        record["labelled_rows_in_all"] = before["labelled_rows_in_all"] + trainer.rows_seen
+        record["response_tokens_in_all"] = before["response_tokens_in_all"] + record["response_tokens"]
     if vocab is not None:
         from ..convert import draft_vocab as dv  # noqa: PLC0415
         counts = np.bincount(data.written_tokens(), minlength=trainer.n_vocab)

@@ -116,6 +116,7 @@ class Trainer:
         self.rows_seen = 0
         self.seconds_before = 0.0           # training time spent before a resume
         self.history: list[dict] = []
+        self._order_iter = None             # kept across train() calls: stopping at a snapshot changes nothing
         use_extra = settings.loss_vocab_extra is not None and draft_vocab is None
         self.data_vocab = data.vocabulary() if use_extra else None
 
@@ -237,7 +238,9 @@ class Trainer:
         from tqdm import tqdm  # noqa: PLC0415
         t0 = time.time() - self.seconds_before
         last_ckpt = time.time()
-        order = self._order()
+        if self._order_iter is None:
+            self._order_iter = self._order()
+        order = self._order_iter
         bar = tqdm(total=end, initial=self.rows_seen, disable=not progress, desc="train", unit="row",
                    unit_scale=True)
         last_eval = None
