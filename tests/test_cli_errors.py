@@ -156,3 +156,10 @@ def test_a_drafter_for_another_target_is_refused_before_loading(tmp_path, capsys
     code, line = _fails(capsys, ["run", "-m", str(other), "-md", str(DRAFTER), "-p", "hi"])
     assert code == 2 and f"{DRAFTER}: does not fit target other.gguf: hidden size 576 != target hidden size 96" in line
     assert "out of range for a target with 2 layers" in line and "dflash-gguf train" in line
+
+
+@pytest.mark.parametrize("flag, value", [("--short-blocks", "1.5"), ("--distill", "-0.1")])
+def test_out_of_range_training_shares_are_refused_in_one_line(tmp_path, capsys, flag, value):
+    code, line = _fails(capsys, ["train", "-m", str(smollm2_q4_1()), "-o", str(tmp_path / "d.gguf"), flag, value])
+    assert code == 2 and line.startswith(f"error: {flag} {value}: ") and "between 0 and 1" in line
+    assert not (tmp_path / "d.gguf").exists()

@@ -35,6 +35,8 @@ def register(app: typer.Typer) -> None:
         lr: float = typer.Option(8e-4, "--lr"),
         distill: float = typer.Option(0.0, "--distill", help="share of the loss against the target's top-k "
                                       "probabilities kept at harvest time (0: hard labels only)"),
+        short_blocks: float = typer.Option(0.0, "--short-blocks", help="share of training blocks cut to 2..B-1 "
+                                           "rows (CPU engines draft n tokens with n+1 rows)"),
         loss_vocab_extra: Optional[int] = typer.Option(
             None, "--loss-vocab-extra", help="without --draft-vocab: softmax over the data's tokens plus N random "
             "others per step; -1: the whole vocabulary (default: 2048 on cpu, the whole vocabulary on cuda)"),
@@ -85,6 +87,8 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--precision {precision!r}: use auto, fp32 or bf16")
         if not 0.0 <= distill <= 1.0:
             raise UserError(f"--distill {distill}: choose a share between 0 and 1")
+        if not 0.0 <= short_blocks <= 1.0:
+            raise UserError(f"--short-blocks {short_blocks}: choose a share between 0 and 1")
         require_native()
         if not model.is_file():
             raise UserError(f"-m {model}: no such file")
@@ -115,6 +119,7 @@ def register(app: typer.Typer) -> None:
         ngl = n_gpu_layers if n_gpu_layers is not None else (999 if device == "cuda" else 0)
         settings = TrainSettings(n_layers=layers, block_size=block_size, epochs=epochs, rows=rows, lr=lr,
                                  device=device, seed=seed, precision=precision, distill=distill,
+                                 short_blocks=short_blocks,
                                  max_seconds=max_minutes * 60 if max_minutes else None,
                                  loss_vocab_extra=None if loss_vocab_extra < 0 else loss_vocab_extra)
         harvest_settings = HarvestSettings(taps=tap_ids, seed=seed, n_threads=threads, n_parallel=parallel,
