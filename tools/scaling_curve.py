@@ -120,16 +120,20 @@ if a.diversity and a.data is not None:
           lambda i, r, f=frac: (i * 0.6180339887) % 1 < f)
 for extra in a.extra:
     r = json.loads(extra.read_text())
-    label = f"{r['labelled_rows']} rows (train run)"
+    rows = r.get("labelled_rows_in_all", r["labelled_rows"])        # a continued drafter counts from the first
+    label = f"{rows} rows (train run)"
     if (a.series, label) not in done and "engine_tau" in r:
         ts = r.get("train_settings", {})
-        report["points"].append({"series": a.series, "label": label, "rows": r["labelled_rows"],
-                                 "train_tokens": r.get("response_tokens"), "train_seconds": r["train_seconds"], "rows_per_s": r["rows_per_second"],
+        walk = {"val_anchor_tau": round(r["val_anchor_tau"], 3), "val_tau_counted": "walk"} if "val_anchor_tau" in r else {}
+        report["points"].append({"series": a.series, "label": label, "rows": rows,
+                                 "train_tokens": r.get("response_tokens_in_all", r.get("response_tokens")),
+                                 "train_seconds": r["train_seconds"], "rows_per_s": r["rows_per_second"],
                                  "tau": r["engine_tau"]["tau_overall"], "tau_by_category": r["engine_tau"]["tau"],
                                  "slot_accept": r["engine_tau"]["slot_accept"], "val_tau": round(r["val_tau_estimate"], 3),
                                  "val_loss": round(r["val_loss"], 4),
                                  "recipe": {"anchors_per_seq": ts.get("anchors_per_seq"),
-                                            "seqs_per_step": ts.get("seqs_per_step"), "lr": ts.get("lr")}})
+                                            "seqs_per_step": ts.get("seqs_per_step"), "lr": ts.get("lr")}}
+                                | walk | ({"init_drafter": r["init_drafter"]["file"]} if r.get("init_drafter") else {}))
 for path in a.points:                 # snapshots of a long run (tools/train_default_drafter.py --snapshots)
     seen = {(p["series"], p["label"]) for p in report["points"]}
     report["points"] += [p | {"series": a.series} for p in json.loads(path.read_text())
@@ -151,7 +155,8 @@ if len(fitted) < 2:
 rate = max(p["rows_per_s"] for p in fitted)   # the best rate measured with this recipe (least contended run)
 report["extrapolation"] = extrapolate(fitted, rate) | {"series": best}
 report["extrapolation"]["note"] = (f"least-squares fits through the '{best}' points, extended past the largest "
-                                   "run; CPU hours at the best rows/s measured with that recipe (2-core AVX2 EPYC)")
+                                   f"run; CPU hours at the best rows/s measured with that recipe ({rate:.0f} rows/s, "
+                                   "2 threads of a 2-core EPYC)")
 report["eval"] = {"prompts": f"first {a.eval_prompts} per category of ../shared/prompts", "max_tokens": 128,
                   "block": 8, "greedy": True, "target": target.name}
 a.out.write_text(json.dumps(report, indent=2))

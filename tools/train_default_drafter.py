@@ -95,6 +95,11 @@ if a.harvest_only:
     sys.exit(0)
 
 
+def portable(arg: str) -> str:
+    """A command-line argument without this machine's paths (the manifest is committed)."""
+    return arg.replace(str(cache_root()), "<user cache>").replace(str(ROOT) + "/", "")
+
+
 def measure(path: Path):
     from dflash_gguf.train.measure import load_eval_prompts, measure_tau  # noqa: PLC0415
     return measure_tau(path, target, load_eval_prompts(EVAL, a.eval_prompts), max_tokens=128, n_threads=a.threads or 0)
@@ -159,7 +164,7 @@ if a.manifest or (a.ship and better):
                          | {"seed": SEED, "harvest": asdict(harvest), "prompts_sha256": prompts_sha256(prompts),
                             "train_settings": asdict(train), "prompt_range": a.prompt_range},
              "draft_vocab": DRAFT_VOCAB, "recipe": "tools/train_default_drafter.py",
-             "command": " ".join(["tools/train_default_drafter.py"] + sys.argv[1:]),
+             "command": " ".join(["tools/train_default_drafter.py"] + [portable(x) for x in sys.argv[1:]]),
              "measured": record.get("engine_tau")}
     (ROOT / "dflash_gguf" / "assets" / "drafters.json").write_text(json.dumps([entry], indent=2) + "\n")
 print(json.dumps({k: record[k] for k in ("labelled_rows", "rows_per_second", "val_tau_estimate")}
