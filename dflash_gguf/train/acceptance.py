@@ -33,13 +33,20 @@ class Walk:
             self.hits = np.pad(self.hits, (0, n_slots - len(self.hits)))
         p, end = 0, len(runs)
         while p < end:
-            n = min(n_slots, end - p)
             k = int(runs[p])
-            self.tried[:min(k + 1, n)] += 1
-            self.hits[:k] += 1
-            self.calls += 1
+            self.block(k, min(n_slots, end - p))
             p += k + 1
         self.tokens += end
+
+    def block(self, k: int, n: int) -> None:
+        """One drafted block: k leading drafts accepted out of n that could have been (a call; the caller
+        counts the tokens, since the last block of a span has no bonus token)."""
+        if len(self.tried) < n:
+            self.tried = np.pad(self.tried, (0, n - len(self.tried)))
+            self.hits = np.pad(self.hits, (0, n - len(self.hits)))
+        self.tried[:min(k + 1, n)] += 1
+        self.hits[:k] += 1
+        self.calls += 1
 
     @property
     def tau(self) -> float:

@@ -51,6 +51,7 @@ def measure_tau(drafter: Path, target: Path, prompts: list[dict], max_tokens: in
     from ..native.wrappers import Batch, Context, ContextSettings, Model  # noqa: PLC0415
     from ..textgen.greedy import greedy_continuation, prefill_features  # noqa: PLC0415
     from ..textgen.prompting import format_prompt  # noqa: PLC0415
+    from .acceptance import Walk  # noqa: PLC0415
 
     tm, dm = Model(target), Model(drafter)
     taps, block, mask = dm.target_layer_ids(), dm.block_size(), dm.mask_token()
@@ -61,7 +62,7 @@ def measure_tau(drafter: Path, target: Path, prompts: list[dict], max_tokens: in
     tbatch = Batch(tm.native, 512)
     ebatch = Batch(dm.native, 64, len(taps) * tm.n_embd)
     bbatch = Batch(dm.native, block)
-    tried, hits = np.zeros(block - 1), np.zeros(block - 1)
+    walk = Walk()
     calls: dict[str, int] = {}
     made: dict[str, int] = {}
     per_prompt = []
@@ -85,8 +86,7 @@ def measure_tau(drafter: Path, target: Path, prompts: list[dict], max_tokens: in
                 n = min(block - 1, len(seq) - 1 - p)
                 right = drafts[:n] == np.asarray(seq[p + 1:p + 1 + n])
                 k = int(np.cumprod(right).sum())
-                tried[:min(k + 1, n)] += 1
-                hits[:k] += 1
+                walk.block(k, n)
                 n_calls += 1
                 p += k + 1
             generated = len(seq) - len(prompt)
@@ -99,5 +99,5 @@ def measure_tau(drafter: Path, target: Path, prompts: list[dict], max_tokens: in
             obj.close()
     counts = {c: sum(1 for p in per_prompt if p["category"] == c) for c in calls}
     return TauReport({c: made[c] / calls[c] for c in calls if calls[c]}, counts,
-                     [float(h / t) if t else 0.0 for h, t in zip(hits, tried)], per_prompt)
+                     walk.slot_accept + [0.0] * (block - 1 - len(walk.slot_accept)), per_prompt)
 
