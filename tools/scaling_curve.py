@@ -69,17 +69,17 @@ def settings(rows: int, distill: float = 0.0) -> TrainSettings:
                          short_blocks=a.short_blocks)
 
 
-def record(series: str, label: str, trainer, data, tau, val, seconds: float, **extra) -> None:
-    rec = {"series": series, "label": label, "rows": trainer.rows_seen + extra.pop("rows_before", 0),
+def record(series: str, label: str, trainer, data, tau, val, seconds: float) -> None:
+    rec = {"series": series, "label": label, "rows": trainer.rows_seen,
            "train_seconds": round(seconds, 1), "rows_per_s": round(trainer.rows_seen / max(seconds, 1e-9), 1),
            "train_sequences": len(data.split()[0]),
-           "train_tokens": data.n_tokens(data.split()[0]) + extra.pop("tokens_before", 0),
+           "train_tokens": data.n_tokens(data.split()[0]),
            "tau": round(tau.overall, 3), "tau_by_category": {k: round(v, 3) for k, v in tau.by_category.items()},
            "slot_accept": [round(x, 3) for x in tau.slot_accept], "val_tau": round(val.tau, 3),
            "val_anchor_tau": round(val.anchor_tau, 3), "val_tau_counted": "walk", "val_loss": round(val.loss, 4),
            "eval_prompts_per_category": a.eval_prompts,
            "recipe": {"anchors_per_seq": a.anchors, "seqs_per_step": a.seqs_per_step, "lr": a.lr,
-                      "short_blocks": a.short_blocks}} | extra
+                      "short_blocks": a.short_blocks}}
     report["points"].append(rec)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(report, indent=2))
