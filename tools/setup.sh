@@ -9,7 +9,12 @@ JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 VPY=.venv/bin/python
 "$VPY" -m pip install -q --disable-pip-version-check pip >/dev/null 2>&1 || true
 # patched llama.cpp (shared libraries) + llama-cpp-python's Python package without its own native build
-"$VPY" tools/build_native.py --install-bindings --jobs "$JOBS"
+# DFLASH_GGUF_BUILD="cpu vulkan" builds several backends (run time takes the detected one unless --backend or
+# DFLASH_GGUF_BACKEND picks another); DFLASH_GGUF_BACKEND=vulkan alone builds and selects that one
+for backend in ${DFLASH_GGUF_BUILD:-${DFLASH_GGUF_BACKEND:-detected}}; do
+    if [ "$backend" = detected ]; then backend_arg=(); else backend_arg=(--backend "$backend"); fi
+    "$VPY" tools/build_native.py --install-bindings --jobs "$JOBS" "${backend_arg[@]}"
+done
 # torch first and pinned: any other spec pulls a multi-GB CUDA build
 "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0
 "$VPY" -m pip install -q --disable-pip-version-check -e '.[test]'

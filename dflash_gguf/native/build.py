@@ -33,7 +33,7 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 LLAMA_CPP_COMMIT = "0c1e57098"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-BACKENDS = ("cpu", "cuda", "metal")
+BACKENDS = ("cpu", "cuda", "vulkan", "metal")
 KERNELS_DIR_IN_TREE = "ggml-kernels"   # where ggml-kernels/ lands inside the llama.cpp tree
 LIB_TARGETS = ["llama"]
 TOOL_TARGETS = ["llama-server", "llama-speculative-simple", "llama-bench", "ggml-rpc-server"]
@@ -82,7 +82,20 @@ def lib_dir_for(key: str) -> Path:
     return native_root() / "lib" / key
 
 
+def requested_backend() -> str | None:
+    """The backend asked for with DFLASH_GGUF_BACKEND (set by `--backend` too), or None."""
+    name = os.environ.get("DFLASH_GGUF_BACKEND", "").strip().lower()
+    if not name:
+        return None
+    if name not in BACKENDS:
+        raise BuildError(f"DFLASH_GGUF_BACKEND={name!r}: unknown backend; choose one of {', '.join(BACKENDS)}")
+    return name
+
+
 def default_backend() -> str:
+    requested = requested_backend()
+    if requested:
+        return requested
     if sys.platform == "darwin":
         return "metal"
     if shutil.which("nvcc") and shutil.which("nvidia-smi"):
@@ -90,6 +103,41 @@ def default_backend() -> str:
         if probe.returncode == 0 and "GPU" in probe.stdout:
             return "cuda"
     return "cpu"
+
+
+VULKAN_PACKAGES_HINT = ("on Debian/Ubuntu: `apt-get install glslc libvulkan-dev spirv-headers` (plus a driver, e.g. "
+                        "mesa-vulkan-drivers); elsewhere install the LunarG Vulkan SDK (https://vulkan.lunarg.com) or "
+                        "your system's Vulkan headers + loader, shaderc (glslc) and SPIR-V headers")
+
+
+def missing_vulkan_toolchain() -> list[str]:
+    """What a Vulkan build lacks on this machine: ggml compiles its shaders with glslc and needs the Vulkan
+    C++ headers, the loader library and the SPIR-V headers."""
+    include_dirs = [Path(p) for p in os.environ.get("VULKAN_SDK", "").split(os.pathsep) if p]
+    include_dirs = [d / "include" for d in include_dirs] + [Path("/usr/include"), Path("/usr/local/include"),
+                                                            Path("/opt/homebrew/include")]
+    has = lambda rel: any((d / rel).exists() for d in include_dirs)  # noqa: E731
+    missing = []
+    if not shutil.which("glslc"):
+        missing.append("glslc (shaderc)")
+    if not has("vulkan/vulkan.hpp"):
+        missing.append("Vulkan headers (vulkan/vulkan.hpp)")
+    if not has("spirv/unified1/spirv.hpp"):
+        missing.append("SPIR-V headers (spirv/unified1/spirv.hpp)")
+    if not _has_vulkan_loader():
+        missing.append("the Vulkan loader library (libvulkan)")
+    return missing
+
+
+def _has_vulkan_loader() -> bool:
+    import ctypes.util
+    return ctypes.util.find_library("vulkan") is not None or ctypes.util.find_library("vulkan-1") is not None
+
+
+def check_vulkan_toolchain() -> None:
+    missing = missing_vulkan_toolchain()
+    if missing:
+        raise BuildError(f"the Vulkan build needs {', '.join(missing)}: not found; {VULKAN_PACKAGES_HINT}")
 
 
 def _log(msg: str) -> None:
@@ -248,6 +296,8 @@ def cmake_args(backend: str, tools: bool, cuda_arch: str | None) -> list[str]:
         args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch or 'native'}"]
     elif backend == "metal":
         args += ["-DGGML_METAL=ON", "-DGGML_METAL_EMBED_LIBRARY=ON"]
+    elif backend == "vulkan":
+        args += ["-DGGML_VULKAN=ON", "-DGGML_METAL=OFF"]
     else:
         args += ["-DGGML_METAL=OFF"]
     args += ["-DGGML_RPC=ON"]   # --rpc HOST:PORT works with every build (a small extra backend library)
@@ -280,6 +330,8 @@ def build(backend: str | None = None, jobs: int | None = None, tools: bool | lis
     inputs = source_inputs(root)
     key = build_key(inputs, backend)
     out = lib_dir_for(key)
+    if backend == "vulkan" and not (out / "build.json").exists():
+        check_vulkan_toolchain()
     wanted = TOOL_TARGETS if tools is True else list(tools or [])
     if not (out / "build.json").exists():
         # libraries and tools from one CMake build: compiling ggml (ggml-cuda: minutes) once instead of twice
@@ -373,7 +425,8 @@ def install_python_bindings() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="build_native", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backend", choices=BACKENDS, default=None, help="default: detected (cuda/metal/cpu)")
+    ap.add_argument("--backend", choices=BACKENDS, default=None,
+                    help="default: $DFLASH_GGUF_BACKEND, else detected (cuda/metal/cpu)")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--tools", action="store_true", help="also build llama-server, llama-speculative-simple, ...")
     ap.add_argument("--cuda-arch", default=None, help="CMAKE_CUDA_ARCHITECTURES, e.g. 90 for H100")

@@ -12,7 +12,7 @@ from ..errors import SetupError
 
 def register(app: typer.Typer) -> None:
     @app.command()
-    def build(backend: Optional[str] = typer.Option(None, help="cpu | cuda | metal (default: detected)"),
+    def build(backend: Optional[str] = typer.Option(None, help="cpu | cuda | vulkan | metal (default: $DFLASH_GGUF_BACKEND, else detected)"),
               jobs: Optional[int] = typer.Option(None, help="parallel compile jobs"),
               tools: bool = typer.Option(False, "--tools", help="also build llama-server, llama-speculative-simple"),
               cuda_arch: Optional[str] = typer.Option(None, help="CMAKE_CUDA_ARCHITECTURES, e.g. 90")):

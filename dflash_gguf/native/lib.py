@@ -44,26 +44,30 @@ def _candidate_dirs() -> list[Path]:
     env = os.environ.get("DFLASH_GGUF_LIB_DIR")
     if env:
         return [Path(env)]
-    out = []
     try:
         inputs = _build.source_inputs()
     except _build.BuildError:
         inputs = None
-    if inputs is not None:
-        for backend in (_build.default_backend(), "cpu", "cuda", "metal"):
-            out.append(_build.lib_dir_for(_build.build_key(inputs, backend)))
-    else:  # installed without the source checkout: take the last build
+    requested = _build.requested_backend()
+    if inputs is None:  # installed without the source checkout: take the last build
         current = _build.native_root() / "current"
-        if current.exists():
-            out.append(Path(current.read_text().strip()))
-    return list(dict.fromkeys(out))
+        return [Path(current.read_text().strip())] if current.exists() and not requested else []
+    order = [requested] if requested else [_build.default_backend(), "cpu", "cuda", "vulkan", "metal"]
+    return list(dict.fromkeys(_build.lib_dir_for(_build.build_key(inputs, b)) for b in order))
 
 
 def find_lib_dir() -> Path:
-    candidates = _candidate_dirs()
+    try:
+        candidates = _candidate_dirs()
+    except _build.BuildError as e:
+        raise NativeLibraryError(str(e)) from e
     for d in candidates:
         if (d / "build.json").exists():
             return d
+    requested = _build.requested_backend()
+    if requested:
+        raise NativeLibraryError(f"the {requested} build of the patched llama.cpp is not built yet (or stale); "
+                                 f"build it with `dflash-gguf build --backend {requested}`")
     built = sorted((_build.native_root() / "lib").glob("*/build.json")) if (_build.native_root() / "lib").exists() else []
     if built:
         raise NativeLibraryError(
