@@ -32,6 +32,9 @@ def register(app: typer.Typer) -> None:
         limit: Optional[int] = typer.Option(None, "--limit", help="at most N prompts per category"),
         threads: int = typer.Option(0, "-t", "--threads", help="CPU threads for every baseline (0 = all)"),
         n_gpu_layers: int = typer.Option(0, "-ngl", "--n-gpu-layers", help="layers on the GPU (target and drafter)"),
+        backend: Optional[str] = typer.Option(None, "--backend", help="ggml backend build to load: cpu | cuda | vulkan | metal (default: $DFLASH_GGUF_BACKEND, else detected)"),
+        device: Optional[str] = typer.Option(None, "-dev", "--device", help="comma list of ggml devices for the layers (e.g. Vulkan0; none = CPU only)"),
+        n_gpu_layers_draft: Optional[int] = typer.Option(None, "-ngld", "--n-gpu-layers-draft", help="drafter layers on the GPU (default: -ngl)"),
         ctx_size: int = typer.Option(4096, "-c", "--ctx-size"),
         tools_dir: Optional[Path] = typer.Option(None, "--tools-dir",
                                                  help="upstream binaries (default: <lib dir>/tools)"),
@@ -42,7 +45,7 @@ def register(app: typer.Typer) -> None:
         from tqdm import tqdm
 
         from ..engine.session import Engine, check_inputs, require_native
-        from ..settings import EngineSettings
+        from ..settings import EngineSettings, parse_devices as _devices
         from .prompts import prepare, read_rows
         from .report import summarize
         from .runner import BASELINES, UpstreamSettings, run_bench
@@ -61,9 +64,10 @@ def register(app: typer.Typer) -> None:
         rows = read_rows(prompts, limit)
         threads = threads or os.cpu_count() or 1
         settings = EngineSettings.from_env(target=model, drafter=draft, n_ctx=ctx_size, n_threads=threads,
-                                           n_gpu_layers=n_gpu_layers, draft_max=draft_max, adaptive=not no_adaptive)
+                                           n_gpu_layers=n_gpu_layers, draft_max=draft_max, adaptive=not no_adaptive,
+                                           backend=backend, devices=_devices(device), draft_n_gpu_layers=n_gpu_layers_draft)
         check_inputs(settings)
-        require_native()
+        require_native(settings)
         engine = Engine(settings)
         try:
             bench_prompts = prepare(rows, engine)

@@ -35,7 +35,11 @@ def register(app: typer.Typer) -> None:
         no_adaptive: bool = typer.Option(False, "--no-adaptive", help="always verify --draft-max tokens"),
         threads: int = typer.Option(0, "-t", "--threads", help="CPU threads (0 = all)"),
         n_gpu_layers: int = typer.Option(0, "-ngl", "--n-gpu-layers"),
+        backend: Optional[str] = typer.Option(None, "--backend", help="ggml backend build to load: cpu | cuda | vulkan | metal (default: $DFLASH_GGUF_BACKEND, else detected)"),
+        device: Optional[str] = typer.Option(None, "-dev", "--device", help="comma list of ggml devices for the layers (e.g. Vulkan0; none = CPU only)"),
+        n_gpu_layers_draft: Optional[int] = typer.Option(None, "-ngld", "--n-gpu-layers-draft", help="drafter layers on the GPU (default: -ngl)"),
         fit: bool = typer.Option(False, "--fit", help="choose -ngl / --n-cpu-moe from free VRAM (drafter + KV counted)"),
+        fit_target: Optional[int] = typer.Option(None, "--fit-target", help="MiB --fit leaves free on the device (768)"),
         ctx_size: int = typer.Option(4096, "-c", "--ctx-size"),
         draft_ctx: Optional[int] = typer.Option(None, "--draft-ctx", help="drafter KV size (default: --ctx-size)"),
         n_cpu_moe: int = typer.Option(0, "--n-cpu-moe", help="keep the MoE experts of the first N layers on CPU"),
@@ -51,7 +55,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
     ):
         """Generate with DFlash speculative decoding (lossless); without -m/-md runs the embedded default."""
-        from ..settings import EngineSettings, parse_tensor_split
+        from ..settings import EngineSettings, parse_devices as _devices, parse_tensor_split
         from .session import Engine, check_inputs, require_native
 
         demo = prompt is None and file is None
@@ -69,9 +73,9 @@ def register(app: typer.Typer) -> None:
             target=model, drafter=draft, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers, fit=fit,
             draft_max=draft_max, draft_min=draft_min, adaptive=not no_adaptive, draft_ctx=draft_ctx,
             n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor), t_mode=t_mode,
-            main_gpu=main_gpu, rpc=rpc, tensor_split=parse_tensor_split(tensor_split))
+            main_gpu=main_gpu, rpc=rpc, tensor_split=parse_tensor_split(tensor_split), fit_target=fit_target, backend=backend, devices=_devices(device), draft_n_gpu_layers=n_gpu_layers_draft)
         check_inputs(settings, speculative=not plain)
-        require_native()
+        require_native(settings)
         engine = Engine(settings, speculative=not plain)
         try:
             tokens = _prompt_tokens(engine, prompt, chat, think)

@@ -113,6 +113,7 @@ _P, _S, _C = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
 _GGML_SIGNATURES = {
     "ggml_backend_dev_count": ([], _S),
     "ggml_backend_dev_get": ([_S], _P),
+    "ggml_backend_dev_by_name": ([_C], _P),
     "ggml_backend_dev_name": ([_P], _C),
     "ggml_backend_dev_description": ([_P], _C),
     "ggml_backend_dev_type": ([_P], ctypes.c_int),
@@ -187,6 +188,19 @@ def _install_logger(llama_cpp: ModuleType) -> None:
 
     _install_logger.callback = _log  # keep the ctypes callback alive
     llama_cpp.llama_log_set(_log, None)
+
+
+def select_backend(name: str | None) -> None:
+    """Ask for the build of one backend (`--backend`) before the library loads; a no-op for None."""
+    if not name:
+        return
+    name = name.strip().lower()
+    if name not in _build.BACKENDS:
+        raise NativeLibraryError(f"--backend {name}: unknown backend; choose one of {', '.join(_build.BACKENDS)}")
+    if _loaded is not None and _loaded.info.get("backend") != name:
+        raise NativeLibraryError(f"--backend {name}: this process already loaded the {_loaded.info.get('backend')} "
+                                 "build; one backend per process")
+    os.environ["DFLASH_GGUF_BACKEND"] = name
 
 
 def load() -> NativeLibrary:

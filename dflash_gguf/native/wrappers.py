@@ -64,7 +64,10 @@ class TensorOverride:
 class Model:
     def __init__(self, path: str | Path, *, n_gpu_layers: int = 0, use_mmap: bool = True,
                  overrides: Sequence[TensorOverride] = (), main_gpu: int = 0,
-                 tensor_split: Sequence[float] | None = None, rpc_servers: str | None = None):
+                 tensor_split: Sequence[float] | None = None, rpc_servers: str | None = None,
+                 devices: Sequence[str] = ()):
+        """devices: ggml device names to place layers on (llama.cpp's --device), "none" for the CPU only;
+        empty: every GPU device of the build."""
         self.native: NativeLibrary = load()
         L = self.native.llama_cpp
         self.path = Path(path)
@@ -85,11 +88,12 @@ class Model:
             arr = build_override_array(self.native, overrides)
             self._keepalive.append(arr)
             params.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p)
-        if rpc_servers:
-            from .offload import add_rpc_servers  # noqa: PLC0415
-            devices = add_rpc_servers(self.native, rpc_servers)
-            self._keepalive.append(devices)
-            params.devices = ctypes.cast(devices, ctypes.c_void_p)
+        if rpc_servers or devices:
+            from .offload import add_rpc_servers, device_array  # noqa: PLC0415
+            arr = (add_rpc_servers(self.native, rpc_servers) if rpc_servers else
+                   device_array(self.native, devices))
+            self._keepalive.append(arr)
+            params.devices = ctypes.cast(arr, ctypes.c_void_p)
         with held_log() as log:
             self.ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:

@@ -35,7 +35,11 @@ def register(app: typer.Typer) -> None:
         ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="context size (default 4096)"),
         threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads (0 = all)"),
         n_gpu_layers: Optional[int] = typer.Option(None, "-ngl", "--n-gpu-layers"),
+        backend: Optional[str] = typer.Option(None, "--backend", help="ggml backend build to load: cpu | cuda | vulkan | metal (default: $DFLASH_GGUF_BACKEND, else detected)"),
+        device: Optional[str] = typer.Option(None, "-dev", "--device", help="comma list of ggml devices for the layers (e.g. Vulkan0; none = CPU only)"),
+        n_gpu_layers_draft: Optional[int] = typer.Option(None, "-ngld", "--n-gpu-layers-draft", help="drafter layers on the GPU (default: -ngl)"),
         fit: bool = typer.Option(False, "--fit", help="choose -ngl / --n-cpu-moe from free VRAM"),
+        fit_target: Optional[int] = typer.Option(None, "--fit-target", help="MiB --fit leaves free on the device (768)"),
         draft_max: Optional[int] = typer.Option(None, "--draft-max", help="most draft tokens per verify"),
         draft_min: Optional[int] = typer.Option(None, "--draft-min"),
         no_adaptive: bool = typer.Option(False, "--no-adaptive", help="always verify --draft-max tokens"),
@@ -56,7 +60,7 @@ def register(app: typer.Typer) -> None:
             raise SetupError("serve needs the server extra: pip install 'dflash-gguf[server]'") from None
 
         from ..engine.session import Engine, check_inputs, require_native
-        from ..settings import EngineSettings, parse_tensor_split
+        from ..settings import EngineSettings, parse_devices as _devices, parse_tensor_split
         from .app import ServerConfig, create_app
         from .worker import EngineWorker
 
@@ -71,13 +75,13 @@ def register(app: typer.Typer) -> None:
             fit=fit or None, draft_max=draft_max, draft_min=draft_min, adaptive=False if no_adaptive else None,
             draft_ctx=draft_ctx, n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe or None,
             override_tensor=tuple(override_tensor) or None, t_mode=t_mode, main_gpu=main_gpu, rpc=rpc,
-            tensor_split=parse_tensor_split(tensor_split))
+            tensor_split=parse_tensor_split(tensor_split), fit_target=fit_target, backend=backend, devices=_devices(device), draft_n_gpu_layers=n_gpu_layers_draft)
         if max_tokens is not None and max_tokens < 1:
             raise UserError(f"--max-tokens {max_tokens}: must be >= 1")
         if not 0 < port < 65536:
             raise UserError(f"--port {port}: must be in 1..65535")
         served = check_inputs(settings, speculative=not plain)[0]    # refuse bad files before listening
-        require_native()
+        require_native(settings)
         log = lambda msg: print(f"dflash-gguf serve: {msg}", file=sys.stderr, flush=True)  # noqa: E731
         worker = EngineWorker(lambda: _load_engine(Engine, settings, served, plain), log=log)
         model_id = alias or (target.stem if target else "smollm2-135m-instruct-dflash")
