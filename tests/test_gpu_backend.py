@@ -164,20 +164,31 @@ def test_rejection_sampling_distribution_on_device(tmp_path):
 
 
 def test_kv_rollback_on_device_equals_fresh_context(tmp_path):
+    """Logits after keep() equal a fresh context's that decoded the same kept rows. A device may round a row
+    differently in batches of other sizes, so the tolerance is that noise, measured: the same prefix decoded
+    in one batch vs in two (never below 1e-4 of the logits' scale); a missed rollback differs 10x more."""
     path = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=3, n_vocab=64)
     model = Model(path, n_gpu_layers=ALL_LAYERS)
     prompt, verify, probe = [1, 5, 9, 12, 7, 30], [11, 22, 33, 44, 55, 6, 17, 28], [40]
+
+    def logits_after(*batches) -> np.ndarray:
+        t = Target(model, SETTINGS, max_verify=8)
+        t.prefill(batches[0], None)
+        for b in batches[1:]:
+            t.decode_rows(b)
+        out = np.array(t.decode_rows(probe)[0])
+        t.close()
+        return out
+
     rolled = Target(model, SETTINGS, max_verify=8)
     rolled.prefill(prompt, None)
     rolled.decode_rows(verify)
     rolled.keep(3, len(verify))                              # 5 rejected rows leave the KV cache
     after = np.array(rolled.decode_rows(probe)[0])
-    fresh = Target(model, SETTINGS, max_verify=8)
-    fresh.prefill(prompt + verify[:3], None)
-    want = np.array(fresh.decode_rows(probe)[0])
-    np.testing.assert_allclose(after, want, rtol=0, atol=1e-4 * np.abs(want).max())
-    stale = Target(model, SETTINGS, max_verify=8)            # what a missed rollback would have produced
-    stale.prefill(prompt + verify, None)
-    assert np.abs(np.array(stale.decode_rows(probe)[0]) - want).max() > 100 * 1e-4 * np.abs(want).max()
-    for t in (rolled, fresh, stale):
-        t.close()
+    rolled.close()
+    want = logits_after(prompt, verify[:3])
+    noise = np.abs(logits_after(prompt + verify[:3]) - want).max()
+    tol = max(2 * noise, 1e-4 * np.abs(want).max())
+    np.testing.assert_allclose(after, want, rtol=0, atol=tol)
+    stale = logits_after(prompt, verify)                     # what a missed rollback would have produced
+    assert np.abs(stale - want).max() > 10 * tol

@@ -244,3 +244,42 @@ def test_graph_splits_and_cpu_fallbacks(tiny, record_property):
     assert set(d_cpu) <= {"GET_ROWS"} and d_splits <= 2, report
     drafter.close()
     target.close()
+
+
+TAU_PROMPTS = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+               "The three laws of thermodynamics are"]
+
+
+def test_tau_with_the_drafter_on_the_device_matches_the_cpu():
+    """llama.cpp #25792: DFlash acceptance collapsing on a backend is a wrong drafter graph, not a slow one. The
+    real SmolLM2 target (on the CPU: bit-exact and fast) with the shipped drafter on the device vs on the CPU:
+    greedy output identical to plain, and τ within noise of the CPU's on the same prompts."""
+    from dflash_gguf.assets import shipped_drafter_for
+    from dflash_gguf.targets import smollm2_q4_1
+    target_path = smollm2_q4_1()
+    settings = ContextSettings(n_ctx=1024, n_batch=64, n_ubatch=64, n_threads=2)
+    target_model = Model(target_path, devices=("none",))
+    target = Target(target_model, settings, taps=[], max_verify=8)
+    plain = SpecDecoder(target, None, DraftLengthPolicy(1, adaptive=False))
+    prompts = [target_model.tokenize(p, add_special=True) for p in TAU_PROMPTS]
+    refs = [_greedy(plain, p, 32).tokens for p in prompts]
+    tau = {}
+    for where, ngl in (("cpu", 0), ("device", ALL_LAYERS)):
+        draft_model = Model(shipped_drafter_for(target_path), n_gpu_layers=ngl)
+        target.ctx.set_taps(draft_model.target_layer_ids())
+        drafter = DFlashDrafter(draft_model, target.ctx, settings, target_model)
+        spec = SpecDecoder(target, drafter, DraftLengthPolicy(7, adaptive=False))
+        emitted = calls = 0
+        for prompt, ref in zip(prompts, refs):
+            res = _greedy(spec, prompt, 32)
+            assert res.tokens == ref, f"drafter on the {where}: output differs from plain decoding"
+            emitted += len(res.tokens) - 1          # the first token comes from the prefill
+            calls += res.n_target_calls
+        tau[where] = emitted / calls
+        drafter.close()
+        draft_model.close()
+    print(f"τ with the shipped drafter: CPU {tau['cpu']:.3f}, device {tau['device']:.3f}")
+    assert tau["cpu"] > 1.3                                   # the drafter works at all on these prompts
+    assert abs(tau["device"] - tau["cpu"]) <= 0.1 * tau["cpu"], tau
+    target.close()
+    target_model.close()

@@ -61,7 +61,7 @@ def vulkan_env() -> dict:
 def test_device_tests_pass_on_vulkan():
     env = vulkan_env()
     env.update(DFLASH_GGUF_REQUIRE_GPU="1", PYTHONFAULTHANDLER="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-s",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-s", "--durations=12",
                            *DEVICE_TESTS], env=env, cwd=ROOT, capture_output=True, text=True, timeout=2400)
     out = proc.stdout + proc.stderr
     print(out[-20000:])

@@ -18,6 +18,7 @@ from .sampling import SamplingParams
 from .target import Target
 
 CALIBRATION_CONTEXT = 64      # tokens decoded before the timed batches
+CALIBRATION_BUDGET_S = 10.0   # what measuring the verify-cost curve may take on a slow device
 
 
 def default_target() -> Path:
@@ -178,10 +179,18 @@ class Engine:
             self.drafter.draft(probe, self.target.n_past, n, want_logits=False)
             return time.perf_counter() - t0
 
-        time_verify(max(sizes))                     # warm-up: graph allocation for the largest batch
         short_before = self.drafter.short_blocks
         draft_ns = sorted({n for n in (1, 2, 3, 4, 6, self.draft_max) if n <= self.draft_max})
-        curve = measure_cost_curve(time_verify, time_draft, sizes=sizes, draft_ns=draft_ns, draft_max=self.draft_max)
+        # warm-up (graph allocation for the largest batch and the full block), timed to fit the budget: a slow
+        # device (lavapipe: seconds per verify) measures fewer sizes once instead of taking minutes
+        t_verify, t_draft = time_verify(max(sizes)), time_draft(self.draft_max, False)
+        round_s = t_verify * sum(sizes) / max(sizes) + t_draft * (2 * len(draft_ns) + 2)
+        repeats = int(min(5, max(1, CALIBRATION_BUDGET_S // max(round_s, 1e-9))))
+        if round_s > CALIBRATION_BUDGET_S:
+            sizes = sorted({1, 2, max(sizes)})
+            draft_ns = sorted({1, self.draft_max})
+        curve = measure_cost_curve(time_verify, time_draft, sizes=sizes, draft_ns=draft_ns, draft_max=self.draft_max,
+                                   repeats=repeats)
         self.drafter.short_blocks = short_before
         self.target.reset()
         self.drafter.begin()
