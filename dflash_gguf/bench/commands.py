@@ -45,6 +45,7 @@ def register(app: typer.Typer) -> None:
         from tqdm import tqdm
 
         from ..engine.session import Engine, check_inputs, require_native
+        from ..native.offload import software_gpus
         from ..settings import EngineSettings, parse_devices as _devices
         from .prompts import prepare, read_rows
         from .report import summarize
@@ -105,10 +106,16 @@ def register(app: typer.Typer) -> None:
                 "summary": summarize(runs, cost_t, per_n or t_draft),
                 "runs": [r.__dict__ for r in runs],
             }
+            software = software_gpus(engine.target_model.native) if n_gpu_layers else []
+            if software:
+                report["note"] = (f"the device is a CPU emulation ({', '.join(software)}): these timings are not "
+                                  "GPU timings; correctness is real")
         finally:
             engine.close()
         from .table import render
         print(render(report), file=sys.stderr)
+        if report.get("note"):
+            print(f"note: {report['note']}", file=sys.stderr)
         if json_out:
             json_out.parent.mkdir(parents=True, exist_ok=True)
             json_out.write_text(json.dumps(report, indent=1))

@@ -50,6 +50,18 @@ def gpu_free_bytes(native) -> list[int]:
 DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "IGPU", 3: "ACCEL"}
 
 
+SOFTWARE_DEVICES = ("llvmpipe", "SwiftShader")     # Vulkan devices that run on the CPU
+
+
+def software_gpus(native) -> list[str]:
+    """Descriptions of the GPU-type devices that are CPU emulations (Mesa's lavapipe): their timings are not GPU
+    timings."""
+    g = native.ggml
+    devs = [g.ggml_backend_dev_get(i) for i in range(g.ggml_backend_dev_count())]
+    return [d for d in (g.ggml_backend_dev_description(x).decode() for x in devs if g.ggml_backend_dev_type(x) in (1, 2))
+            if any(s in d for s in SOFTWARE_DEVICES)]
+
+
 def device_names(native) -> list[str]:
     g = native.ggml
     return [g.ggml_backend_dev_name(g.ggml_backend_dev_get(i)).decode() for i in range(g.ggml_backend_dev_count())]
