@@ -130,7 +130,7 @@ class SpecDecoder:
             if room < 0:
                 break
             n = min(self.policy.choose() if self.drafter is not None else 0, room)
-            emitted = self._step(last, n, sampling, rng, res)
+            emitted = self._step(last, n, sampling, rng, res) if n > 0 else self._plain_step(last, sampling, rng, res)
             last = emitted[-1]
         res.timings.total_s = time.perf_counter() - t_start
         return res
@@ -168,6 +168,27 @@ class SpecDecoder:
         if self.debug_check_positions:
             self.check_positions()
         return verdict.emitted(proposal.tokens)
+
+    def _plain_step(self, last: int, sampling: SamplingParams, rng, res: GenerationResult) -> list[int]:
+        """One plain decoding step (the plain decoder's, and the policy's fallback): decode `last`, pick the next
+        token, hand the row's features to the drafter. Emits what `_step` with n = 0 emits, drawing the same
+        random numbers, with nothing else: no draft, no verify bookkeeping, no rollback (docs/fallback-cost.md)."""
+        pos = self.target.n_past
+        t0 = time.perf_counter()
+        token = self._pick(self.target.decode_rows([last])[0], sampling, rng)
+        t1 = time.perf_counter()
+        if self.drafter is not None:
+            self.drafter.process(self.target.features(0, 1), pos)         # buffered, see DFlashDrafter
+        t2 = time.perf_counter()
+        res.n_target_calls += 1
+        res.n_plain_steps += 1
+        res.timings.verify_s += t1 - t0
+        res.timings.inject_s += t2 - t1
+        if self.drafter is not None:
+            self.policy.observe(0, 0, verify_s=t1 - t0)
+        if self.debug_check_positions:
+            self.check_positions()
+        return [token]
 
     # -- the steps, each replaceable on its own ------------------------------------------------
     def draft(self, last: int, pos: int, n: int, sampling: SamplingParams, rng) -> Proposal:

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import UserError
-from ..native.wrappers import Batch, Context, ContextSettings, Model
+from ..native.wrappers import Batch, Context, ContextSettings, Model, TapRows
 
 # Called after every target decode with (features [rows, n_taps*n_embd], pos0 of the first row).
 FeatureSink = Callable[[np.ndarray, int], None]
@@ -42,6 +42,8 @@ class Target:
         self.batch = Batch(model.native, max(settings.n_batch, max_verify + 1))
         self.n_past = 0                  # positions held in the KV cache
         self._checkpoint: bytes | None = None
+        self._kept_rows: TapRows | None = None   # features of the rows a verify keeps, reused every step
+        self._max_rows = max_verify + 1
 
     def _rollback_mode(self, max_verify: int) -> RollbackMode:
         if not self.recurrent:
@@ -89,7 +91,12 @@ class Target:
         return self.ctx.logits_all(len(tokens))
 
     def features(self, i0: int, n_rows: int) -> np.ndarray:
-        return self.ctx.get_taps(i0, n_rows)
+        """Features [n_rows, n_taps*n_embd] of rows i0.. of the last decode: a view of a buffer that the next
+        call overwrites (the drafter copies what it keeps)."""
+        rows = self._kept_rows
+        if rows is None or rows.width != self.ctx.taps_width or rows.capacity < n_rows:
+            rows = self._kept_rows = TapRows(max(self._max_rows, n_rows), self.ctx.taps_width)
+        return self.ctx.read_taps(i0, n_rows, rows)
 
     def keep(self, n_keep: int, n_decoded: int) -> None:
         """After a verify of n_decoded rows, keep only the first n_keep of them."""

@@ -85,8 +85,10 @@ class DFlashAPI:
                                         ctypes.c_int32),
         "llama_dflash_n_layer_taps": ([ctypes.c_void_p], ctypes.c_int32),
         "llama_dflash_n_rows_last": ([ctypes.c_void_p], ctypes.c_int32),
-        "llama_dflash_get_layer_taps": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
-                                         ctypes.POINTER(ctypes.c_float)], ctypes.c_int32),
+        # out (float *) as a plain address: the loop reads one row per plain step, and building a
+        # ctypes pointer object for it cost more than the copy
+        "llama_dflash_get_layer_taps": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p],
+                                        ctypes.c_int32),
         "llama_dflash_model_target_layer_ids": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32],
                                                 ctypes.c_int32),
         "llama_dflash_model_block_size": ([ctypes.c_void_p], ctypes.c_int32),
