@@ -112,16 +112,12 @@ def _prompt_tokens(engine, prompt: str, chat: bool, think: bool | None) -> list[
     model = engine.target_model
     if not chat:
         return model.tokenize(prompt, add_special=True)
-    from .chat import render_chat, supports_thinking
-    template = model.chat_template()
-    if think is not None and not supports_thinking(template):
+    from ..textgen.chat import render_model_chat, supports_thinking
+    if think is not None and not supports_thinking(model.chat_template()):
         print(f"note: {model.path.name}'s chat template has no thinking switch; --think/--no-think ignored",
               file=sys.stderr)
         think = None
-    text = render_chat(template, [{"role": "user", "content": prompt}], enable_thinking=think,
-                       bos_token=model.token_bytes(model.bos(), special=True).decode("utf-8", "replace"),
-                       eos_token=model.token_bytes(model.eos(), special=True).decode("utf-8", "replace"),
-                       model_name=model.path.name)
+    text = render_model_chat(model, [{"role": "user", "content": prompt}], enable_thinking=think)
     return model.tokenize(text, add_special=False)
 
 
