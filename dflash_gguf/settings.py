@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from .errors import UserError
@@ -35,7 +35,6 @@ class EngineSettings:
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()
     rpc: str | None = None
-    extra: dict = field(default_factory=dict, compare=False)
 
     @classmethod
     def from_env(cls, **overrides) -> "EngineSettings":
@@ -43,7 +42,7 @@ class EngineSettings:
         values = {}
         for f in fields(cls):
             raw = os.environ.get(f"DFLASH_GGUF_{f.name.upper()}")
-            if raw is not None and f.name != "extra":
+            if raw is not None:
                 try:
                     values[f.name] = _parse(f.type, raw)
                 except ValueError:

@@ -130,9 +130,6 @@ class OracleDrafter:
             logits[np.arange(n), toks] += self.boost
         return Proposal(toks, logits)
 
-    def rollback(self, pos: int) -> None:
-        self.n_pos = min(self.n_pos, pos)
-
     def pos_max(self) -> int:
         return self.n_pos - 1
 

@@ -1,8 +1,7 @@
 """Draft sources: one small interface, the DFlash drafter behind it (others can slot in).
 
 The loop calls, in order: `begin()` once per generation, `process(features, pos0)` after every
-target decode with the features of the rows it keeps, `draft(last, pos, n)` for a block, and
-`rollback(pos)` to drop everything at positions >= pos.
+target decode with the features of the rows it keeps, and `draft(last, pos, n)` for a block.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ class DraftSource(Protocol):
     def begin(self) -> None: ...
     def process(self, features: np.ndarray, pos0: int) -> None: ...
     def draft(self, last_token: int, pos: int, n: int, want_logits: bool) -> Proposal: ...
-    def rollback(self, pos: int) -> None: ...
 
 
 class DrafterMismatch(UserError):
@@ -128,10 +126,6 @@ class DFlashDrafter:
         proposal = Proposal([int(t) for t in logits.argmax(axis=1)], np.array(logits) if want_logits else None)
         self.ctx.seq_rm(pos, -1)             # the block's own K/V are never kept
         return proposal
-
-    def rollback(self, pos: int) -> None:
-        self._flush()
-        self.ctx.seq_rm(pos, -1)
 
     def pos_max(self) -> int:
         self._flush()

@@ -10,7 +10,6 @@ tokens in t(n+1) + t_draft. We pick the n with the best E(n) / time, and plain d
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -231,8 +230,3 @@ class DraftLengthPolicy:
                 self.cost.observe_verify(n_drafted + 1, verify_s)
             if draft_s is not None:
                 self.cost.observe_draft(draft_s, n_drafted)
-
-
-def timer() -> Callable[[], float]:
-    t0 = time.perf_counter()
-    return lambda: time.perf_counter() - t0

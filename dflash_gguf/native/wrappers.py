@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -121,9 +121,6 @@ class Model:
     def mask_token(self) -> int:
         return self.native.dflash.model_mask_token(self.ptr)
 
-    def n_ctx_train(self) -> int:
-        return self.native.llama_cpp.llama_model_n_ctx_train(self.ptr)
-
     # vocabulary -----------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         L = self.native.llama_cpp
@@ -182,7 +179,6 @@ class ContextSettings:
     flash_attn: str = "auto"      # "auto" | "on" | "off"
     type_k: str | None = None     # e.g. "q8_0"
     type_v: str | None = None
-    extra: dict = field(default_factory=dict)
 
 
 _FA = {"auto": -1, "off": 0, "on": 1}
