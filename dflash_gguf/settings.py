@@ -35,6 +35,8 @@ class EngineSettings:
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()
     rpc: str | None = None
+    backend: str | None = None           # ggml backend build to load (cpu | cuda | vulkan | metal); None: the default
+    device: str | None = None            # comma-separated ggml device names; None: llama.cpp's choice
 
     @classmethod
     def from_env(cls, **overrides) -> "EngineSettings":
