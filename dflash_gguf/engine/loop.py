@@ -15,7 +15,7 @@ import numpy as np
 
 from .drafter import DraftSource, Proposal
 from .policy import DraftLengthPolicy
-from .sampling import SamplingParams, probs_from_logits, sample
+from .sampling import SamplingParams, pick, probs_from_logits, sample
 from .target import Target
 from .verify import Verdict, verify_greedy, verify_stochastic
 
@@ -119,7 +119,7 @@ class SpecDecoder:
             self.drafter.begin()
 
         sink = self.drafter.process if self.drafter is not None else None
-        last = self._pick(self.target.prefill(prompt, sink), sampling, rng)
+        last = pick(self.target.prefill(prompt, sink), sampling, rng)
         res.timings.prefill_s = time.perf_counter() - t_start
 
         emitted = [last]
@@ -188,12 +188,6 @@ class SpecDecoder:
             q = np.zeros((n, p.shape[1]))
             q[np.arange(n), proposal.tokens] = 1.0
         return verify_stochastic(proposal.tokens, q, p, rng)
-
-    @staticmethod
-    def _pick(logits: np.ndarray, sampling: SamplingParams, rng) -> int:
-        if sampling.greedy:
-            return int(np.argmax(logits))
-        return sample(probs_from_logits(logits, sampling), rng)
 
     @staticmethod
     def _emit(res: GenerationResult, tokens: list[int], max_tokens: int, is_stop, on_tokens) -> bool:

@@ -85,7 +85,7 @@ def torch_harvest(target: Path, prompts: list[dict], prompt_tokens: list[list[in
     """Generate responses in groups of settings.n_parallel prompts (left-padded, one KV cache per group),
     keeping per position the tapped features and the top-K probabilities; resumes by prompt like harvest().
     prompt_tokens[i] is prompts[i] as the target reads it (see pretokenize)."""
-    from ..engine.sampling import SamplingParams, probs_from_logits, sample  # noqa: PLC0415
+    from ..engine.sampling import SamplingParams, pick  # noqa: PLC0415
     model, g = hf_llama_from_gguf(target, device, dtype)
     K, taps = settings.top_k_probs, settings.taps
     meta = {"target": target.name, "target_arch": g["arch"], "taps": list(taps), "n_embd": g["n_embd"],
@@ -94,9 +94,6 @@ def torch_harvest(target: Path, prompts: list[dict], prompt_tokens: list[list[in
     writer = DatasetWriter(out, meta)
     todo = [i for i in range(len(prompts)) if i not in writer.done]
     t0 = time.time()
-
-    def pick(logits, sp, rng):
-        return int(np.argmax(logits)) if sp.greedy else sample(probs_from_logits(logits, sp), rng)
 
     for g0 in range(0, len(todo), settings.n_parallel):
         if max_seconds is not None and time.time() - t0 >= max_seconds:
