@@ -114,7 +114,7 @@ def write_dflash_gguf(tensors: dict[str, np.ndarray], config: DrafterConfig, tar
         _write(tensors, config, target, tmp, "f32" if outtype in K_QUANTS else outtype, extra_metadata, name,
                draft_vocab)
         if outtype in K_QUANTS:
-            from .quantize import llama_quantize  # noqa: PLC0415
+            from ..native.quantize import llama_quantize  # noqa: PLC0415
             llama_quantize(tmp, tmp, K_QUANTS[outtype])
         if validate:
             from .validate import load_check  # noqa: PLC0415

@@ -29,8 +29,7 @@ class Target:
                  force_checkpoint: bool = False):
         """force_checkpoint: roll recurrent state back by checkpoint + replay even where the
         architecture supports per-token snapshots (for tests and for comparing the two)."""
-        L = model.native.llama_cpp
-        self.recurrent = bool(L.llama_model_is_recurrent(model.ptr) or L.llama_model_is_hybrid(model.ptr))
+        self.recurrent = model.has_recurrent_state()
         if self.recurrent and settings.n_rs_seq < max_verify and not force_checkpoint:
             settings = ContextSettings(**{**settings.__dict__, "n_rs_seq": max_verify})
         self.model = model

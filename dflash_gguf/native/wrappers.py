@@ -146,6 +146,11 @@ class Model:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
 
+    def has_recurrent_state(self) -> bool:
+        """Recurrent or hybrid (e.g. gated delta-net) layers, whose state seq_rm cannot roll back."""
+        L = self.native.llama_cpp
+        return bool(L.llama_model_is_recurrent(self.ptr) or L.llama_model_is_hybrid(self.ptr))
+
     def is_eog(self, token: int) -> bool:
         return bool(self.native.llama_cpp.llama_vocab_is_eog(self.vocab, token))
 

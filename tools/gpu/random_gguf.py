@@ -106,7 +106,7 @@ def write_f16(path: Path, g: dict, seed: int = 0) -> int:
 
 def make(shape: str, ftype: str, out: Path, seed: int = 0) -> dict:
     """The quantized random GGUF at `out` (reused when its spec matches); a JSON-able description."""
-    from dflash_gguf.convert.quantize import llama_quantize
+    from dflash_gguf.native.quantize import llama_quantize
 
     g = SHAPES[shape]
     spec = {"shape": shape, "geometry": g, "ftype": ftype, "seed": seed}
