@@ -110,6 +110,17 @@ def init_record(path: Path, train_metadata: dict) -> dict:
     return before
 
 
+def training_record(trainer: Trainer, result) -> dict:
+    """What a training run did and reached (`result`: its last validation), under the names the train record,
+    drafters.json and the GGUF's dflash_gguf.train.* keys use."""
+    return {"steps": trainer.step, "labelled_rows": trainer.rows_seen,
+            "train_seconds": round(trainer.seconds_before, 1),
+            "rows_per_second": round(trainer.rows_seen / max(trainer.seconds_before, 1e-9), 1),
+            "precision": str(trainer.autocast or "float32").removeprefix("torch."),
+            "val_loss": result.loss, "val_tau_estimate": result.tau, "val_anchor_tau": result.anchor_tau,
+            "val_slot_accept": result.slot_accept}
+
+
 def export(trainer: Trainer, target: Path, out: Path, record: dict, vocab=None, *, outtype: str = "q8_0",
            force: bool = True) -> None:
     """The drafter as a validated `dflash` GGUF, with the training record in its dflash_gguf.train.* keys."""
@@ -159,13 +170,9 @@ def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, 
     record = {"target": target.name, "target_sha256": target_sha, "taps": taps,
               "train_settings": asdict(train_settings), "harvest_settings": asdict(harvest_settings),
               "dataset": data_dir.name, "sequences": len(data.index), "train_sequences": len(train_ids),
-              "val_sequences": len(val_ids), "response_tokens": data.n_tokens(train_ids), "steps": trainer.step,
-              "labelled_rows": trainer.rows_seen, "train_seconds": round(trainer.seconds_before, 1),
-              "rows_per_second": round(trainer.rows_seen / max(trainer.seconds_before, 1e-9), 1),
-              "precision": str(trainer.autocast or "float32").removeprefix("torch."),
-              "val_loss": result.loss, "val_tau_estimate": result.tau, "val_anchor_tau": result.anchor_tau,
-              "init_drafter": getattr(trainer, "init_record", None),
-              "val_slot_accept": result.slot_accept, "data": data_note}
+              "val_sequences": len(val_ids), "response_tokens": data.n_tokens(train_ids),
+              **training_record(trainer, result),
+              "init_drafter": getattr(trainer, "init_record", None), "data": data_note}
     before = getattr(trainer, "init_record", None)
     if before:                           # counted from the very first drafter of the chain
         record["labelled_rows_in_all"] = before["labelled_rows_in_all"] + trainer.rows_seen
