@@ -12,7 +12,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import UserError
-from ..gguf_check import DRAFTER_ARCH, FOREIGN_DRAFTER_ARCHS
+from ..gguf_check import DRAFTER_ARCH, FOREIGN_DRAFTER_ARCHS, fit_problems
 from ..native.wrappers import Batch, Context, ContextSettings, Model
 
 
@@ -43,16 +43,14 @@ def check_drafter_fits(drafter: Model, target: Model) -> None:
         hint = (f"convert it first with `dflash-gguf convert {drafter.path} --target {target.path} -o draft.gguf`"
                 if drafter.arch in FOREIGN_DRAFTER_ARCHS else "pass a DFlash drafter with -md")
         raise DrafterMismatch(f"{name}: architecture is '{drafter.arch}', not '{DRAFTER_ARCH}'; {hint}")
-    if drafter.n_embd != target.n_embd:
-        raise DrafterMismatch(f"{name}: hidden size {drafter.n_embd} != target {target.path.name} hidden size "
-                              f"{target.n_embd}; this drafter was trained for another target")
     taps = drafter.target_layer_ids()
-    if not taps or max(taps) > target.n_layer or min(taps) < 0:
-        raise DrafterMismatch(f"{name}: target layers {taps} do not exist in {target.path.name} "
-                              f"({target.n_layer} layers); this drafter was trained for another target")
-    mask = drafter.mask_token()
-    if not 0 <= mask < target.n_vocab:
-        raise DrafterMismatch(f"{name}: mask token id {mask} is outside the target vocabulary ({target.n_vocab})")
+    problems = fit_problems(drafter.n_embd, taps, drafter.mask_token(), None, target.n_embd, target.n_layer,
+                            target.n_vocab)
+    if not taps:
+        problems.insert(0, "no target layers")
+    if problems:
+        raise DrafterMismatch(f"{name}: does not fit target {target.path.name}: " + "; ".join(problems)
+                              + "; this drafter was trained for another target")
 
 
 class DFlashDrafter:
