@@ -210,7 +210,6 @@ def assert_same_distribution(counts: np.ndarray, expected: np.ndarray) -> None:
 def project_prompts(per_category: int) -> list[str]:
     """The first prompts of each category (code, math, chat) of the project's own prompt file: real
     text that every checkout has, so a test never depends on a folder outside the repository."""
-    import json
-    path = Path(__file__).resolve().parent.parent / "dflash_gguf" / "train" / "data" / "prompts.jsonl"
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    from dflash_gguf.corpus.prompts import FIRST_PROMPTS, load
+    rows = load(FIRST_PROMPTS)
     return [r["prompt"] for cat in ("code", "math", "chat") for r in [x for x in rows if x["category"] == cat][:per_category]]

@@ -57,8 +57,8 @@ if a.threads:
     torch.set_num_threads(a.threads)
 target = a.target or smollm2_q4_1()
 if a.train_prompts:
-    from dflash_gguf.train.commands import DEFAULT_PROMPTS  # noqa: E402
-    from dflash_gguf.train.prompts import load  # noqa: E402
+    from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS  # noqa: E402
+    from dflash_gguf.corpus.prompts import load  # noqa: E402
     lo, hi = (int(x) for x in a.train_prompts.split(":"))
     prompts = load(DEFAULT_PROMPTS)[lo:hi]
 else:

@@ -15,12 +15,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
 from dflash_gguf.train.harvest import HarvestSettings, harvest  # noqa: E402
-from dflash_gguf.train.prompts import load  # noqa: E402
+from dflash_gguf.corpus.prompts import load  # noqa: E402
 from dflash_gguf.train.smollm2_recipe import TAPS  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__)
 ap.add_argument("-m", "--model", type=Path, default=None, help="target GGUF (default: embedded SmolLM2)")
-ap.add_argument("--prompts", type=Path, default=Path(__file__).resolve().parent.parent / "dflash_gguf/train/data/prompts.jsonl")
+ap.add_argument("--prompts", type=Path, default=Path(__file__).resolve().parent.parent / "dflash_gguf/corpus/data/prompts.jsonl")
 ap.add_argument("--parallel", type=int, nargs="+", default=[8, 16, 32, 64])
 ap.add_argument("--seconds", type=float, default=60.0)
 ap.add_argument("--threads", type=int, default=0)

@@ -3,7 +3,7 @@
 
 Every setting is recorded here, in dflash_gguf/assets/drafters.json and in the GGUF's dflash_gguf.train.* keys.
 Phases, each resumable from the user cache (run the same command again after any interruption):
-  harvest  the target answers the shipped prompt set (dflash_gguf/train/data/prompts-v2.jsonl.gz), keeping
+  harvest  the target answers the shipped prompt set (dflash_gguf/corpus/data/prompts-v2.jsonl.gz), keeping
            tokens, tapped features (F16) and its top-8 probabilities; stops at --harvest-minutes or --tokens
   train    --rows labelled block rows (cosine schedule over them), checkpoint every 5 minutes
   export   Q8_0 GGUF with a 4096-token draft vocabulary counted on the training data, then τ on the first
@@ -21,11 +21,11 @@ sys.path.insert(0, str(ROOT))
 
 from dflash_gguf.paths import cache_root  # noqa: E402
 from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
-from dflash_gguf.train.commands import DEFAULT_PROMPTS  # noqa: E402
+from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS  # noqa: E402
 from dflash_gguf.train import smollm2_recipe as recipe  # noqa: E402
 from dflash_gguf.train.smollm2_recipe import DRAFT_VOCAB, SEED, TAPS  # noqa: E402
 from dflash_gguf.train.pipeline import dataset_dir, file_sha256, prompts_sha256, train_drafter  # noqa: E402
-from dflash_gguf.train.prompts import load  # noqa: E402
+from dflash_gguf.corpus.prompts import load  # noqa: E402
 from dflash_gguf.train.trainer import TrainSettings  # noqa: E402
 
 OUT = ROOT / "dflash_gguf" / "assets" / "smollm2-135m-instruct.dflash-q8_0.gguf"
@@ -131,7 +131,7 @@ record = train_drafter(target, a.out, prompts, work, taps=TAPS, harvest_settings
                        data_dir=data, harvest_seconds=a.harvest_minutes * 60 if a.harvest_minutes is not None else None,
                        init_drafter=a.init_drafter, snapshots=tuple(a.snapshots),
                        on_snapshot=snapshot if a.snapshots and a.eval_prompts and EVAL.is_dir() else None,
-                       data_note=f"{DEFAULT_PROMPTS.relative_to(ROOT)} (licences in dflash_gguf/train/data/README.md); "
+                       data_note=f"{DEFAULT_PROMPTS.relative_to(ROOT)} (licences in dflash_gguf/corpus/data/README.md); "
                                  "responses written by the target")
 if a.eval_prompts and EVAL.is_dir():
     record["engine_tau"] = measure(a.out).to_json() | {

@@ -1,12 +1,11 @@
 """How often the target writes each token: greedy responses to training prompts, through the native layer.
 
-convert/draft_vocab.py chooses a reduced draft vocabulary from these counts. The prompts default to the training prompts we
-ship (dflash_gguf/train/data/prompts.jsonl), never the evaluation prompts.
+convert/draft_vocab.py chooses a reduced draft vocabulary from these counts. The prompts default to the first
+training prompt set we ship (corpus.prompts.FIRST_PROMPTS), never the evaluation prompts.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import time
@@ -14,13 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-SHIPPED_PROMPTS = Path(__file__).resolve().parent.parent / "train" / "data" / "prompts.jsonl"
+from ..corpus.prompts import FIRST_PROMPTS, load
 
 
 def load_prompt_rows(files: list[Path]) -> list[dict]:
-    rows = []
-    for f in files or [SHIPPED_PROMPTS]:
-        rows += [json.loads(line) for line in Path(f).read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [r for f in files or [FIRST_PROMPTS] for r in load(Path(f))]
     random.Random(0).shuffle(rows)          # a mix of categories whatever the budget
     return rows
 

@@ -9,7 +9,6 @@ import typer
 
 from ..errors import UserError
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts-v2.jsonl.gz"
 
 
 def register(app: typer.Typer) -> None:
@@ -68,11 +67,11 @@ def register(app: typer.Typer) -> None:
         from ..engine.session import require_native
         from ..gguf_check import check_target
         check_target(model)            # the shared validation, before torch loads or llama.cpp sees the file
+        from ..corpus.prompts import DEFAULT_PROMPTS, load
         from ..native.build import sha256_file
         from ..paths import cache_root
         from .harvest import HarvestSettings
         from .pipeline import dataset_dir, parse_taps, prompts_sha256, train_drafter
-        from .prompts import load
         from .target_weights import attention_geometry
         from .trainer import TrainSettings
         try:

@@ -19,12 +19,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from dflash_gguf.train.commands import DEFAULT_PROMPTS  # noqa: E402
+from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS  # noqa: E402
 from dflash_gguf.train.dataset import FeatureDataset  # noqa: E402
 from dflash_gguf.train import smollm2_recipe as recipe  # noqa: E402
 from dflash_gguf.train.pipeline import (build_trainer, export, file_sha256, prompts_sha256,  # noqa: E402
                                         training_record)
-from dflash_gguf.train.prompts import load  # noqa: E402
+from dflash_gguf.corpus.prompts import load  # noqa: E402
 from dflash_gguf.train.refeature import export_tokens  # noqa: E402
 from dflash_gguf.train.torch_target import load_pretokenized, torch_harvest  # noqa: E402
 from dflash_gguf.train.trainer import TrainSettings  # noqa: E402

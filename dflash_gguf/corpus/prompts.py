@@ -6,6 +6,10 @@ import gzip
 import json
 from pathlib import Path
 
+DATA = Path(__file__).resolve().parent / "data"
+DEFAULT_PROMPTS = DATA / "prompts-v2.jsonl.gz"     # the training set (tools/make_train_prompts.py)
+FIRST_PROMPTS = DATA / "prompts.jsonl"             # the first, smaller set: draft-vocabulary counts, tests
+
 
 def load(path: Path) -> list[dict]:
     """Rows of a JSONL prompt file (gzip-compressed when its name ends in .gz)."""
