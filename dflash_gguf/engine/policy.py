@@ -16,6 +16,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .verify import SlotCounts
+
 
 def interp_table(table: dict[int, float], x, monotone: bool = False):
     """Linear interpolation in a {size: seconds} table (clamped at its ends); with `monotone` the values
@@ -147,23 +149,18 @@ class SlotAcceptance:
     prior_accept: float = 0.6
     prior_weight: float = 4.0
     decay: float = 0.98
-    accepted: np.ndarray = field(init=False)
-    tried: np.ndarray = field(init=False)
+    counts: SlotCounts = field(init=False)
 
     def __post_init__(self):
-        self.accepted = np.zeros(self.n_slots)
-        self.tried = np.zeros(self.n_slots)
+        self.counts = SlotCounts.zeros(self.n_slots)
 
     def update(self, n_drafted: int, n_accepted: int) -> None:
-        """Slots 0..n_accepted-1 were accepted; slot n_accepted (if drafted) was rejected."""
-        self.accepted *= self.decay
-        self.tried *= self.decay
-        k = min(n_accepted + 1, n_drafted)
-        self.tried[:k] += 1
-        self.accepted[:n_accepted] += 1
+        self.counts.scale(self.decay)
+        self.counts.record(n_drafted, n_accepted)
 
     def alpha(self) -> np.ndarray:
-        return (self.accepted + self.prior_accept * self.prior_weight) / (self.tried + self.prior_weight)
+        c = self.counts
+        return (c.accepted + self.prior_accept * self.prior_weight) / (c.tried + self.prior_weight)
 
     def expected_tokens(self) -> np.ndarray:
         """E(n) for n = 0..n_slots: 1 + Σ_{j≤n} Π_{k≤j} α_k."""
