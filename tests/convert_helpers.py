@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_gguf.convert.synthetic import finish
-from dflash_gguf.convert.writer import write_dflash_gguf
+from dflash_gguf.convert.writer import finish, write_dflash_gguf
 from dflash_gguf.drafter.config import DrafterConfig
 from engine_helpers import write_tiny_llama
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_gguf.convert.synthetic import RandomTensors, add_decoder_hparams, add_synthetic_vocab, finish
+from dflash_gguf.convert.synthetic import RandomTensors, add_synthetic_vocab
+from dflash_gguf.convert.writer import add_decoder_hparams, add_target_tokenizer, finish
 from dflash_gguf.engine.drafter import Proposal
 
 
@@ -16,26 +17,15 @@ def write_random_drafter(target: Path, out: Path, *, taps: list[int], n_layers: 
     """A random-weight `dflash` GGUF fitting `target` (tokenizer copied from it), F32."""
     import gguf
 
-    r = gguf.GGUFReader(str(target))
-    arch = r.fields["general.architecture"].contents()
-    n_embd = int(r.fields[f"{arch}.embedding_length"].contents())
+    from dflash_gguf.convert.target_info import read_target
+    info = read_target(target)
+    n_embd = info.n_embd
     w = gguf.GGUFWriter(str(out), "dflash")
     add_decoder_hparams(w, n_layer=n_layers, n_ctx=4096, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
                         head_dim=head_dim, rms_eps=1e-6, rope_base=10000.0)
     w.add_uint32("dflash.block_size", block_size)
     w.add_array("dflash.target_layers", [int(t) for t in taps])
-    for name, field in r.fields.items():
-        if name.startswith("tokenizer.") and name != "tokenizer.ggml.mask_token_id":
-            val = field.contents()
-            if isinstance(val, list):
-                w.add_array(name, val)
-            elif isinstance(val, str):
-                w.add_string(name, val)
-            elif isinstance(val, bool):
-                w.add_bool(name, val)
-            else:
-                w.add_uint32(name, int(val))
-    w.add_uint32("tokenizer.ggml.mask_token_id", mask_token)
+    add_target_tokenizer(w, info, mask_token)
     ts = RandomTensors(w, seed)
     ts.rand("fc.weight", n_embd, len(taps) * n_embd)
     ts.ones("enc.output_norm.weight", n_embd)

@@ -12,9 +12,8 @@ from convert_helpers import config, target, upstream  # noqa: F401  (fixtures)
 from convert_helpers import random_drafter, state_numpy, write_zlab_folder
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
 from dflash_gguf.convert.sources import read_source
-from dflash_gguf.convert.synthetic import finish
 from dflash_gguf.convert.target_info import read_target
-from dflash_gguf.convert.writer import ConvertError, write_dflash_gguf
+from dflash_gguf.convert.writer import ConvertError, finish, write_dflash_gguf
 from dflash_gguf.drafter.config import DrafterConfig
 from dflash_gguf.errors import UserError
 from engine_helpers import write_tiny_llama

@@ -9,9 +9,8 @@ import pytest
 from dflash_gguf.convert import draft_vocab as dv
 from dflash_gguf.convert.flavours import detect_flavour, normalize_gguf
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
-from dflash_gguf.convert.synthetic import finish
 from dflash_gguf.convert.target_info import read_target
-from dflash_gguf.convert.writer import write_dflash_gguf
+from dflash_gguf.convert.writer import finish, write_dflash_gguf
 from dflash_gguf.engine.drafter import DFlashDrafter
 from dflash_gguf.engine.loop import SpecDecoder
 from dflash_gguf.engine.policy import DraftLengthPolicy

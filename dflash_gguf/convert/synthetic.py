@@ -9,21 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 
-def add_decoder_hparams(w, *, n_layer: int, n_ctx: int, n_embd: int, n_ff: int, n_head: int, n_head_kv: int,
-                        head_dim: int, rms_eps: float, rope_base: float) -> None:
-    """The hyperparameters every llama-like decoder (and a `dflash` drafter) reads."""
-    w.add_block_count(n_layer)
-    w.add_context_length(n_ctx)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_layer_norm_rms_eps(rms_eps)
-    w.add_rope_freq_base(rope_base)
-
-
 def add_synthetic_vocab(w, n_words: int, byte_tokens: bool) -> int:
     """The made-up vocabulary (BOS 1, EOS 2, no automatic BOS); returns its size."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"\u2581t{i}" for i in range(3, 3 + n_words)]
@@ -40,14 +25,6 @@ def add_synthetic_vocab(w, n_words: int, byte_tokens: bool) -> int:
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
     return len(tokens)
-
-
-def finish(w) -> None:
-    """Header, key-values, tensors, in the order a GGUF file holds them."""
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 class RandomTensors:
