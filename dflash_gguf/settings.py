@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from .errors import UserError
@@ -40,7 +40,6 @@ class EngineSettings:
     backend: str | None = None           # ggml backend build to load: cpu | cuda | vulkan | metal (None: detected)
     devices: tuple[str, ...] = ()        # target's ggml devices (llama.cpp's --device; "none": CPU only)
     draft_devices: tuple[str, ...] = ()  # the drafter's; () = the target's
-    extra: dict = field(default_factory=dict, compare=False)
 
     @classmethod
     def from_env(cls, **overrides) -> "EngineSettings":
@@ -48,7 +47,7 @@ class EngineSettings:
         values = {}
         for f in fields(cls):
             raw = os.environ.get(f"DFLASH_GGUF_{f.name.upper()}")
-            if raw is not None and f.name != "extra":
+            if raw is not None:
                 try:
                     values[f.name] = _parse(f.type, raw)
                 except ValueError:

@@ -60,7 +60,7 @@ def test_taps_on_device_equal_cpu_taps(tmp_path, precision, tol):
     # random weights (the GPU check runs these before SmolLM2 has arrived on the machine)
     path = write_tiny_llama(tmp_path / "tiny.gguf", n_embd=256, n_layer=4, n_vocab=512, n_ff=512)
     if precision != "f32":
-        from dflash_gguf.convert.quantize import llama_quantize
+        from dflash_gguf.native.quantize import llama_quantize
         path = llama_quantize(path, tmp_path / f"tiny-{precision}.gguf", precision)
     tokens = list(range(3, 19))
     cpu, gpu = Model(path, n_gpu_layers=0), Model(path, n_gpu_layers=ALL_LAYERS)

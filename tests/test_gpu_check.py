@@ -13,12 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tools.gpu import bundle, setup_env
+
 ROOT = Path(__file__).resolve().parent.parent
 GPU_TOOLS = ROOT / "tools" / "gpu"
-sys.path.insert(0, str(GPU_TOOLS))
-
-import bundle  # noqa: E402
-import setup_env  # noqa: E402
 
 
 def _check(tmp: Path, *args: str, timeout: int = 1800) -> tuple[subprocess.CompletedProcess, dict]:

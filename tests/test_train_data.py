@@ -190,9 +190,9 @@ def _eval_prompts():
 
 
 def test_shipped_prompt_set_is_large_diverse_licensed_and_never_overlaps_the_evaluation_prompts():
-    from dflash_gguf.train.commands import DEFAULT_PROMPTS
-    from dflash_gguf.train.prompts import load
-    from dflash_gguf.train.sources.overlap import EvalFilter
+    from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS
+    from dflash_gguf.corpus.prompts import load
+    from dflash_gguf.corpus.overlap import EvalFilter
     rows = load(DEFAULT_PROMPTS)
     assert len(rows) >= 20000 and len({r["prompt"] for r in rows}) == len(rows)
     assert {r["category"] for r in rows} == {"code", "math", "chat"}
@@ -206,7 +206,7 @@ def test_shipped_prompt_set_is_large_diverse_licensed_and_never_overlaps_the_eva
 
 
 def test_the_overlap_filter_finds_an_evaluation_prompt_inside_other_text():
-    from dflash_gguf.train.sources.overlap import EvalFilter
+    from dflash_gguf.corpus.overlap import EvalFilter
     evals = _eval_prompts()
     filt = EvalFilter(evals)
     assert filt.overlaps("Please help: " + evals[3][:200] + " Thanks.")

@@ -7,16 +7,19 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from ..engine_options import with_engine_options
 from ..errors import UserError
 
 
 def register(app: typer.Typer) -> None:
     @app.command(context_settings={"help_option_names": ["-h", "--help"]})
+    @with_engine_options
     def bench(
         model: Optional[Path] = typer.Option(None, "-m", "--model", help="target GGUF (default: embedded SmolLM2)"),
         draft: Optional[Path] = typer.Option(None, "-md", "--model-draft", help="DFlash drafter GGUF"),
@@ -26,20 +29,13 @@ def register(app: typer.Typer) -> None:
         n_predict: int = typer.Option(128, "-n", "--n-predict", help="tokens to generate per prompt"),
         baselines: str = typer.Option("plain,dflash,upstream,ngram", "--baselines",
                                       help="comma list of plain, dflash (ours), upstream (C++ DFlash), ngram"),
-        draft_max: Optional[int] = typer.Option(None, "--draft-max", help="most draft tokens per verify"),
-        no_adaptive: bool = typer.Option(False, "--no-adaptive", help="ours always drafts --draft-max tokens"),
         repeat: int = typer.Option(1, "--repeat", help="repeat the whole set K times (median and min/max)"),
         limit: Optional[int] = typer.Option(None, "--limit", help="at most N prompts per category"),
-        threads: int = typer.Option(0, "-t", "--threads", help="CPU threads for every baseline (0 = all)"),
-        n_gpu_layers: int = typer.Option(0, "-ngl", "--n-gpu-layers", help="layers on the GPU (target and drafter)"),
-        backend: Optional[str] = typer.Option(None, "--backend", help="ggml backend build to load: cpu | cuda | vulkan | metal (default: $DFLASH_GGUF_BACKEND, else detected)"),
-        device: Optional[str] = typer.Option(None, "-dev", "--device", help="comma list of ggml devices for the layers (e.g. Vulkan0; none = CPU only)"),
-        n_gpu_layers_draft: Optional[int] = typer.Option(None, "-ngld", "--n-gpu-layers-draft", help="drafter layers on the GPU (default: -ngl)"),
-        ctx_size: int = typer.Option(4096, "-c", "--ctx-size"),
         tools_dir: Optional[Path] = typer.Option(None, "--tools-dir",
                                                  help="upstream binaries (default: <lib dir>/tools)"),
         json_out: Optional[Path] = typer.Option(None, "--json", help="write the full report here"),
         plot_out: Optional[Path] = typer.Option(None, "--plot", help="write a PNG here"),
+        engine_options: dict = None,
     ):
         """Plain vs our DFlash vs upstream C++ DFlash vs n-gram, interleaved prompt by prompt."""
         from tqdm import tqdm
@@ -63,10 +59,10 @@ def register(app: typer.Typer) -> None:
         if limit is not None and limit < 1:
             raise UserError(f"--limit {limit}: must be >= 1")
         rows = read_rows(prompts, limit)
-        threads = threads or os.cpu_count() or 1
-        settings = EngineSettings.from_env(target=model, drafter=draft, n_ctx=ctx_size, n_threads=threads,
-                                           n_gpu_layers=n_gpu_layers, draft_max=draft_max, adaptive=not no_adaptive,
-                                           backend=backend, devices=_devices(device), draft_n_gpu_layers=n_gpu_layers_draft)
+        settings = EngineSettings.from_env(target=model, drafter=draft, **engine_options)
+        threads = settings.n_threads or os.cpu_count() or 1         # upstream baselines get the same count
+        settings = replace(settings, n_threads=threads)
+        ctx_size, n_gpu_layers = settings.n_ctx, settings.n_gpu_layers
         check_inputs(settings)
         require_native(settings)
         engine = Engine(settings)
@@ -94,7 +90,7 @@ def register(app: typer.Typer) -> None:
                                  for c in dict.fromkeys(p.category for p in bench_prompts)},
                 "n_predict": n_predict, "repeat": repeat, "baselines": chosen, "threads": threads,
                 "n_gpu_layers": n_gpu_layers, "n_ctx": ctx_size, "draft_max": engine.draft_max,
-                "adaptive": not no_adaptive, "backend": engine.target_model.native.info.get("backend"),
+                "adaptive": settings.adaptive, "backend": engine.target_model.native.info.get("backend"),
                 "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} cores)",
                 "date": time.strftime("%Y-%m-%d %H:%M"), "missing": missing,
                 "load_average": {"before": load_before, "after": os.getloadavg()},

@@ -1,9 +1,8 @@
 """Draft sources: one small interface, the DFlash drafter behind it (others can slot in).
 
 The loop calls, in order: `begin()` once per generation, `process(features, pos0)` after every
-target decode with the features of the rows it keeps, `draft(last, pos, n)` for a block, and
-`rollback(pos)` to drop everything at positions >= pos. `features` may be a view that the caller
-reuses after `process` returns: a source copies what it keeps.
+target decode with the features of the rows it keeps, and `draft(last, pos, n)` for a block. `features`
+may be a view that the caller reuses after `process` returns: a source copies what it keeps.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import UserError
-from ..gguf_check import DRAFTER_ARCH, FOREIGN_DRAFTER_ARCHS
+from ..gguf_check import DRAFTER_ARCH, FOREIGN_DRAFTER_ARCHS, fit_problems
 from ..native.wrappers import Batch, Context, ContextSettings, Model
 
 
@@ -32,7 +31,6 @@ class DraftSource(Protocol):
     def begin(self) -> None: ...
     def process(self, features: np.ndarray, pos0: int) -> None: ...
     def draft(self, last_token: int, pos: int, n: int, want_logits: bool) -> Proposal: ...
-    def rollback(self, pos: int) -> None: ...
 
 
 class DrafterMismatch(UserError):
@@ -46,16 +44,14 @@ def check_drafter_fits(drafter: Model, target: Model) -> None:
         hint = (f"convert it first with `dflash-gguf convert {drafter.path} --target {target.path} -o draft.gguf`"
                 if drafter.arch in FOREIGN_DRAFTER_ARCHS else "pass a DFlash drafter with -md")
         raise DrafterMismatch(f"{name}: architecture is '{drafter.arch}', not '{DRAFTER_ARCH}'; {hint}")
-    if drafter.n_embd != target.n_embd:
-        raise DrafterMismatch(f"{name}: hidden size {drafter.n_embd} != target {target.path.name} hidden size "
-                              f"{target.n_embd}; this drafter was trained for another target")
     taps = drafter.target_layer_ids()
-    if not taps or max(taps) > target.n_layer or min(taps) < 0:
-        raise DrafterMismatch(f"{name}: target layers {taps} do not exist in {target.path.name} "
-                              f"({target.n_layer} layers); this drafter was trained for another target")
-    mask = drafter.mask_token()
-    if not 0 <= mask < target.n_vocab:
-        raise DrafterMismatch(f"{name}: mask token id {mask} is outside the target vocabulary ({target.n_vocab})")
+    problems = fit_problems(drafter.n_embd, taps, drafter.mask_token(), None, target.n_embd, target.n_layer,
+                            target.n_vocab)
+    if not taps:
+        problems.insert(0, "no target layers")
+    if problems:
+        raise DrafterMismatch(f"{name}: does not fit target {target.path.name}: " + "; ".join(problems)
+                              + "; this drafter was trained for another target")
 
 
 class DFlashDrafter:
@@ -150,10 +146,6 @@ class DFlashDrafter:
         proposal = Proposal([int(t) for t in logits.argmax(axis=1)], np.array(logits) if want_logits else None)
         self.ctx.seq_rm(pos, -1)             # the block's own K/V are never kept
         return proposal
-
-    def rollback(self, pos: int) -> None:
-        self._flush()
-        self.ctx.seq_rm(pos, -1)
 
     def pos_max(self) -> int:
         self._flush()

@@ -10,12 +10,13 @@ tokens in t(n+1) + t_draft. We pick the n with the best E(n) / time, and plain d
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+
+from .verify import SlotCounts
 
 
 def interp_table(table: dict[int, float], x, monotone: bool = False):
@@ -148,23 +149,18 @@ class SlotAcceptance:
     prior_accept: float | np.ndarray = 0.6      # one value for every slot, or [n_slots]
     prior_weight: float = 4.0
     decay: float = 0.98
-    accepted: np.ndarray = field(init=False)
-    tried: np.ndarray = field(init=False)
+    counts: SlotCounts = field(init=False)
 
     def __post_init__(self):
-        self.accepted = np.zeros(self.n_slots)
-        self.tried = np.zeros(self.n_slots)
+        self.counts = SlotCounts.zeros(self.n_slots)
 
     def update(self, n_drafted: int, n_accepted: int) -> None:
-        """Slots 0..n_accepted-1 were accepted; slot n_accepted (if drafted) was rejected."""
-        self.accepted *= self.decay
-        self.tried *= self.decay
-        k = min(n_accepted + 1, n_drafted)
-        self.tried[:k] += 1
-        self.accepted[:n_accepted] += 1
+        self.counts.scale(self.decay)
+        self.counts.record(n_drafted, n_accepted)
 
     def alpha(self) -> np.ndarray:
-        return (self.accepted + self.prior_accept * self.prior_weight) / (self.tried + self.prior_weight)
+        c = self.counts
+        return (c.accepted + self.prior_accept * self.prior_weight) / (c.tried + self.prior_weight)
 
     def carried(self) -> "SlotAcceptance":
         """A fresh estimate with this one's α as its prior, at the prior's weight."""
@@ -248,8 +244,3 @@ class DraftLengthPolicy:
                 self.cost.observe_verify(n_drafted + 1, verify_s)
             if draft_s is not None:
                 self.cost.observe_draft(draft_s, n_drafted)
-
-
-def timer() -> Callable[[], float]:
-    t0 = time.perf_counter()
-    return lambda: time.perf_counter() - t0

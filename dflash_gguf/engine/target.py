@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -29,8 +30,7 @@ class Target:
                  force_checkpoint: bool = False):
         """force_checkpoint: roll recurrent state back by checkpoint + replay even where the
         architecture supports per-token snapshots (for tests and for comparing the two)."""
-        L = model.native.llama_cpp
-        self.recurrent = bool(L.llama_model_is_recurrent(model.ptr) or L.llama_model_is_hybrid(model.ptr))
+        self.recurrent = model.has_recurrent_state()
         if self.recurrent and settings.n_rs_seq < max_verify and not force_checkpoint:
             settings = ContextSettings(**{**settings.__dict__, "n_rs_seq": max_verify})
         self.model = model
@@ -89,6 +89,14 @@ class Target:
         self.ctx.decode(self.batch, "verify")
         self.n_past += len(tokens)
         return self.ctx.logits_all(len(tokens))
+
+    def time_verify(self, tokens: Sequence[int], clock: Callable[[], float] = time.perf_counter) -> float:
+        """Seconds one verify batch of `tokens` takes after the current context; the cache is left as it was."""
+        t0 = clock()
+        self.decode_rows(tokens)
+        dt = clock() - t0
+        self.keep(0, len(tokens))
+        return dt
 
     def features(self, i0: int, n_rows: int) -> np.ndarray:
         """Features [n_rows, n_taps*n_embd] of rows i0.. of the last decode: a view of a buffer that the next

@@ -129,14 +129,15 @@ _GGML_SIGNATURES = {
 }
 
 
-def _bind(lib: ctypes.CDLL, signatures: dict) -> ctypes.CDLL:
+def bind(lib: ctypes.CDLL, signatures: dict) -> ctypes.CDLL:
+    """Sets argtypes/restype of every function in `signatures` ({name: (argtypes, restype)})."""
     for name, (argtypes, restype) in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, restype
     return lib
 
 
-def _libname(base: str) -> str:
+def libname(base: str) -> str:
     return {"darwin": f"lib{base}.dylib", "win32": f"{base}.dll"}.get(sys.platform, f"lib{base}.so")
 
 
@@ -222,11 +223,11 @@ def load() -> NativeLibrary:
     except (OSError, AttributeError, FileNotFoundError) as e:
         raise NativeLibraryError(f"llama_cpp could not load {lib_dir} ({e}); {BUILD_HINT}") from e
     libllama = llama_cpp.llama_cpp._lib
-    dflash = DFlashAPI(libllama, lib_dir / _libname("llama"))
-    ggml_base = ctypes.CDLL(str(lib_dir / _libname("ggml-base")))
+    dflash = DFlashAPI(libllama, lib_dir / libname("llama"))
+    ggml_base = ctypes.CDLL(str(lib_dir / libname("ggml-base")))
     _install_logger(llama_cpp)
     llama_cpp.llama_backend_init()
-    ggml = _bind(ctypes.CDLL(str(lib_dir / _libname("ggml"))), _GGML_SIGNATURES)
+    ggml = bind(ctypes.CDLL(str(lib_dir / libname("ggml"))), _GGML_SIGNATURES)
     info = json.loads((lib_dir / "build.json").read_text())
     _loaded = NativeLibrary(lib_dir, info, llama_cpp, dflash, ggml_base, ggml)
     return _loaded

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -125,9 +125,6 @@ class Model:
     def mask_token(self) -> int:
         return self.native.dflash.model_mask_token(self.ptr)
 
-    def n_ctx_train(self) -> int:
-        return self.native.llama_cpp.llama_model_n_ctx_train(self.ptr)
-
     # vocabulary -----------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         L = self.native.llama_cpp
@@ -152,6 +149,11 @@ class Model:
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+    def has_recurrent_state(self) -> bool:
+        """Recurrent or hybrid (e.g. gated delta-net) layers, whose state seq_rm cannot roll back."""
+        L = self.native.llama_cpp
+        return bool(L.llama_model_is_recurrent(self.ptr) or L.llama_model_is_hybrid(self.ptr))
 
     def is_eog(self, token: int) -> bool:
         return bool(self.native.llama_cpp.llama_vocab_is_eog(self.vocab, token))
@@ -186,7 +188,6 @@ class ContextSettings:
     flash_attn: str = "auto"      # "auto" | "on" | "off"
     type_k: str | None = None     # e.g. "q8_0"
     type_v: str | None = None
-    extra: dict = field(default_factory=dict)
 
 
 _FA = {"auto": -1, "off": 0, "on": 1}

@@ -9,7 +9,6 @@ import typer
 
 from ..errors import UserError
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts-v2.jsonl.gz"
 
 
 def register(app: typer.Typer) -> None:
@@ -68,12 +67,12 @@ def register(app: typer.Typer) -> None:
         from ..engine.session import require_native
         from ..gguf_check import check_target
         check_target(model)            # the shared validation, before torch loads or llama.cpp sees the file
+        from ..corpus.prompts import DEFAULT_PROMPTS, load
         from ..native.build import sha256_file
         from ..paths import cache_root
         from .harvest import HarvestSettings
         from .pipeline import dataset_dir, parse_taps, prompts_sha256, train_drafter
-        from .prompts import load
-        from .target_weights import attention_geometry
+        from ..convert.target_info import read_target
         from .trainer import TrainSettings
         try:
             import torch
@@ -98,10 +97,10 @@ def register(app: typer.Typer) -> None:
         if resume is not None and not (resume / "checkpoint" / "ckpt.pt").is_file():
             raise UserError(f"--resume {resume}: no checkpoint there (expected {resume}/checkpoint/ckpt.pt)")
         try:
-            geometry = attention_geometry(model)
+            n_target_layers = read_target(model).n_layer
         except Exception as e:  # noqa: BLE001 - any parse failure means the same thing to the user
             raise UserError(f"-m {model}: not a readable GGUF target ({type(e).__name__}: {e})") from None
-        tap_ids = parse_taps(taps, geometry["n_layer"])
+        tap_ids = parse_taps(taps, n_target_layers)
         data = data_dir or dataset_dir(sha256_file(model), prompts_sha256(rows_in), seed)
         if init_drafter is not None and not init_drafter.is_file():
             raise UserError(f"--init-drafter {init_drafter}: no such file")

@@ -14,7 +14,7 @@ import contextlib
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +53,6 @@ class TrainSettings:
     loss_vocab_extra: int | None = None
     distill: float = 0.0                # share of the loss against the target's top-K distribution
     grow_data: bool = False             # re-read the dataset after each pass (a harvest is still writing it)
-    extra: dict = field(default_factory=dict)
 
     def gamma_value(self) -> float:
         if self.gamma is not None:
