@@ -6,6 +6,11 @@ import os
 
 import pytest
 
+from dflash_gguf.native.wrappers import ContextSettings
+
+ALL_LAYERS = 99
+SETTINGS = ContextSettings(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2)
+
 
 def device_or_skip() -> str:
     """The ggml backend of the loaded build (cuda, vulkan, metal) when it sees a GPU-type device.
@@ -43,3 +48,9 @@ def near_tie_gap(target, prompt: list[int], ref: list[int], got: list[int]) -> f
     target.reset()
     logits = np.array(target.prefill(prompt + ref[:k], None))
     return abs(float(logits[ref[k]]) - float(logits[got[k]]))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gpu_backend():
+    """Imported by the device test modules: every test there needs a device (or skips / fails)."""
+    return device_or_skip()

@@ -24,17 +24,9 @@ from dflash_gguf.engine.sampling import SamplingParams, probs_from_logits
 from dflash_gguf.engine.target import Target
 from dflash_gguf.native.wrappers import Batch, Context, ContextSettings, Model
 from engine_helpers import OracleDrafter, pooled_counts, write_random_drafter, write_tiny_llama
-from gpu_helpers import device_or_skip
+from gpu_helpers import ALL_LAYERS, SETTINGS, gpu_backend  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.gpu
-
-ALL_LAYERS = 99
-SETTINGS = ContextSettings(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def gpu_backend():
-    return device_or_skip()
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:

@@ -26,17 +26,9 @@ from dflash_gguf.native.offload import gpu_free_bytes, moe_overrides, parse_over
 from dflash_gguf.native.wrappers import ContextSettings, Model, TensorOverride
 from dflash_gguf.settings import EngineSettings
 from engine_helpers import OracleDrafter, write_random_drafter, write_tiny_llama
-from gpu_helpers import NEAR_TIE, device_or_skip, near_tie_gap
+from gpu_helpers import ALL_LAYERS, NEAR_TIE, SETTINGS, gpu_backend, near_tie_gap  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.gpu
-
-ALL_LAYERS = 99
-SETTINGS = ContextSettings(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def gpu_backend():
-    return device_or_skip()
 
 
 @pytest.fixture(scope="module")
