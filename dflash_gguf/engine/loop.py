@@ -178,7 +178,7 @@ class SpecDecoder:
         random numbers, with nothing else: no draft, no verify bookkeeping, no rollback (docs/fallback-cost.md)."""
         pos = self.target.n_past
         t0 = time.perf_counter()
-        token = self._pick(self.target.decode_rows([last])[0], sampling, rng)
+        token = pick(self.target.decode_rows([last])[0], sampling, rng)
         t1 = time.perf_counter()
         if self.drafter is not None:
             self.drafter.process(self.target.features(0, 1), pos)         # buffered, see DFlashDrafter
