@@ -47,6 +47,10 @@ ap.add_argument("--init-drafter", type=Path, default=None, help="continue from t
                 "(e.g. the shipped one) instead of the target's last layers")
 ap.add_argument("--eval-seqs", type=int, default=48, help="held-out sequences per validation")
 ap.add_argument("--distill", type=float, default=0.0, help="share of the loss on the target's top-8")
+ap.add_argument("--tv", type=float, default=0.0, help="share of the loss that is the total variation to the top-8")
+ap.add_argument("--cut-at-first-error", action="store_true", help="no loss after a block's first wrong slot")
+ap.add_argument("--supervised-slots", type=int, default=None, help="only block slots 1..N carry loss")
+ap.add_argument("--gamma", type=float, default=None, help="slot weight decay exp(-(k-1)/gamma) (default: 4 for block 8)")
 ap.add_argument("--threads", type=int, default=0, help="harvest and torch threads (0: all cores)")
 ap.add_argument("--work-dir", type=Path, default=None)
 ap.add_argument("--out", type=Path, default=OUT)
@@ -77,7 +81,8 @@ harvest = recipe.harvest_settings(n_threads=a.threads, n_parallel=a.parallel)
 train = TrainSettings(n_layers=recipe.N_LAYERS, block_size=recipe.BLOCK_SIZE, rows=a.rows, lr=a.lr, warmup=0.03, anchors_per_seq=a.anchors,
                       seqs_per_step=a.seqs_per_step, seed=SEED, max_seconds=a.minutes * 60 if a.minutes else None,
                       eval_every=2000, eval_seqs=a.eval_seqs, ckpt_minutes=5.0, distill=a.distill,
-                      short_blocks=a.short_blocks)
+                      tv=a.tv, cut_at_first_error=a.cut_at_first_error, supervised_slots=a.supervised_slots,
+                      gamma=a.gamma, short_blocks=a.short_blocks)
 if a.harvest_only:
     from dflash_gguf.train.harvest import harvest as run_harvest  # noqa: E402
     shard = tuple(int(x) for x in a.shard.split("/"))
