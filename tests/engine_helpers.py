@@ -81,6 +81,31 @@ class OracleDrafter:
         return self.n_pos - 1
 
 
+def assert_rollback_keeps_output(target, n_prompts: int, n_tokens: int, label: str) -> None:
+    """Speculative decoding with an oracle drafter corrupted at 30 % of its slots gives the plain greedy output
+    on random prompts, with both accepted and rejected drafts (so the KV or recurrent state was rolled back)."""
+    from dflash_gguf.engine.loop import SpecDecoder
+    from dflash_gguf.engine.policy import DraftLengthPolicy
+
+    def greedy(decoder, prompt):
+        return decoder.generate(prompt, n_tokens, stop_tokens=lambda _t: False)
+
+    plain = SpecDecoder(target, None, DraftLengthPolicy(1, adaptive=False))
+    rng = np.random.default_rng(0)
+    accepted = rejected = 0
+    for i in range(n_prompts):
+        prompt = [1] + rng.integers(3, 40000, size=12).tolist()
+        ref = greedy(plain, prompt).tokens
+        spec = SpecDecoder(target, OracleDrafter(prompt + ref, target.model.n_vocab, corrupt=0.3, seed=i),
+                           DraftLengthPolicy(7, adaptive=False))
+        spec.debug_check_positions = True
+        res = greedy(spec, prompt)
+        assert res.tokens == ref, f"prompt {i}: {label} changed the output"
+        accepted += res.n_accepted
+        rejected += res.n_drafted - res.n_accepted
+    assert accepted > 0 and rejected > 0
+
+
 def write_tiny_llama(out: Path, *, n_vocab: int = 32, n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
                      n_head_kv: int = 2, n_ff: int = 128, seed: int = 0, logit_scale: float = 4.0,
                      dtype=np.float32, arch: str = "llama", n_expert: int = 4, n_expert_used: int = 2,

@@ -10,7 +10,7 @@ from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy
 from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.target import ContextOverflow, Target
 from dflash_gguf.native.wrappers import ContextSettings, Model
-from engine_helpers import OracleDrafter, assert_same_distribution, write_random_drafter, write_tiny_llama
+from engine_helpers import OracleDrafter, assert_rollback_keeps_output, assert_same_distribution, write_random_drafter, write_tiny_llama
 
 N_PROMPTS, N_TOKENS = 20, 128
 SETTINGS = ContextSettings(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2)
@@ -160,20 +160,7 @@ def test_hybrid_target_rollback_is_lossless(mode):
                     force_checkpoint=mode == "checkpoint")
     assert target.recurrent and target.rollback_mode.kind == mode
     assert target.ctx.n_rs_seq() == (8 if mode == "snapshots" else 0)
-    plain = SpecDecoder(target, None, DraftLengthPolicy(1, adaptive=False))
-    rng = np.random.default_rng(0)
-    accepted = rejected = 0
-    for i in range(6):
-        prompt = [1] + rng.integers(3, 40000, size=12).tolist()
-        ref = _generate(plain, prompt, 64).tokens
-        oracle = OracleDrafter(prompt + ref, target.model.n_vocab, corrupt=0.3, seed=i)
-        spec = SpecDecoder(target, oracle, DraftLengthPolicy(7, adaptive=False))
-        spec.debug_check_positions = True
-        res = _generate(spec, prompt, 64)
-        assert res.tokens == ref, f"prompt {i}: hybrid rollback ({mode}) changed the output"
-        accepted += res.n_accepted
-        rejected += res.n_drafted - res.n_accepted
-    assert accepted > 0 and rejected > 0
+    assert_rollback_keeps_output(target, n_prompts=6, n_tokens=64, label=f"hybrid rollback ({mode})")
     target.close()
 
 

@@ -25,7 +25,7 @@ from dflash_gguf.native.lib import capture_log
 from dflash_gguf.native.offload import gpu_free_bytes, moe_overrides, parse_override
 from dflash_gguf.native.wrappers import ContextSettings, Model, TensorOverride
 from dflash_gguf.settings import EngineSettings
-from engine_helpers import OracleDrafter, write_random_drafter, write_tiny_llama
+from engine_helpers import OracleDrafter, assert_rollback_keeps_output, write_random_drafter, write_tiny_llama
 from gpu_helpers import ALL_LAYERS, NEAR_TIE, SETTINGS, gpu_backend, near_tie_gap  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.gpu
@@ -118,20 +118,7 @@ def test_recurrent_rollback_on_device(mode):
     target = Target(Model(tiny_hybrid_qwen35(), n_gpu_layers=ALL_LAYERS), SETTINGS, taps=[1, 3], max_verify=8,
                     force_checkpoint=mode == "checkpoint")
     assert target.recurrent and target.rollback_mode.kind == mode
-    plain = SpecDecoder(target, None, DraftLengthPolicy(1, adaptive=False))
-    rng = np.random.default_rng(0)
-    accepted = rejected = 0
-    for i in range(2):
-        prompt = [1] + rng.integers(3, 40000, size=12).tolist()
-        ref = _greedy(plain, prompt, 24).tokens
-        spec = SpecDecoder(target, OracleDrafter(prompt + ref, target.model.n_vocab, corrupt=0.3, seed=i),
-                           DraftLengthPolicy(7, adaptive=False))
-        spec.debug_check_positions = True
-        res = _greedy(spec, prompt, 24)
-        assert res.tokens == ref, f"prompt {i}: rollback ({mode}) on the device changed the output"
-        accepted += res.n_accepted
-        rejected += res.n_drafted - res.n_accepted
-    assert accepted > 0 and rejected > 0
+    assert_rollback_keeps_output(target, n_prompts=2, n_tokens=24, label=f"rollback ({mode}) on the device")
     target.close()
 
 
