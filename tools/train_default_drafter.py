@@ -51,6 +51,8 @@ ap.add_argument("--tv", type=float, default=0.0, help="share of the loss that is
 ap.add_argument("--cut-at-first-error", action="store_true", help="no loss after a block's first wrong slot")
 ap.add_argument("--supervised-slots", type=int, default=None, help="only block slots 1..N carry loss")
 ap.add_argument("--gamma", type=float, default=None, help="slot weight decay exp(-(k-1)/gamma) (default: 4 for block 8)")
+ap.add_argument("--train-seed", type=int, default=SEED, help="the trainer's seed (anchors, order); the harvest keeps "
+                "the recipe's")
 ap.add_argument("--threads", type=int, default=0, help="harvest and torch threads (0: all cores)")
 ap.add_argument("--work-dir", type=Path, default=None)
 ap.add_argument("--out", type=Path, default=OUT)
@@ -79,7 +81,7 @@ data = dataset_dir(file_sha256(target), prompts_sha256(prompts), SEED)
 work = a.work_dir or cache_root() / "train" / f"smollm2-default-{data.name}"
 harvest = recipe.harvest_settings(n_threads=a.threads, n_parallel=a.parallel)
 train = TrainSettings(n_layers=recipe.N_LAYERS, block_size=recipe.BLOCK_SIZE, rows=a.rows, lr=a.lr, warmup=0.03, anchors_per_seq=a.anchors,
-                      seqs_per_step=a.seqs_per_step, seed=SEED, max_seconds=a.minutes * 60 if a.minutes else None,
+                      seqs_per_step=a.seqs_per_step, seed=a.train_seed, max_seconds=a.minutes * 60 if a.minutes else None,
                       eval_every=2000, eval_seqs=a.eval_seqs, ckpt_minutes=5.0, distill=a.distill,
                       tv=a.tv, cut_at_first_error=a.cut_at_first_error, supervised_slots=a.supervised_slots,
                       gamma=a.gamma, short_blocks=a.short_blocks)
