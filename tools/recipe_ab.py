@@ -26,6 +26,7 @@ SHIPPED = ROOT / "dflash_gguf" / "assets" / "smollm2-135m-instruct.dflash-q8_0.g
 ARMS = {
     "ce γ=4 (shipped recipe)": [],
     "ce γ=4, seed 2": ["--train-seed", "2"],
+    "ce uniform slot weights": ["--gamma", "1e9"],
     "first-error cut": ["--cut-at-first-error"],
     "TV 0.9 + CE 0.1": ["--tv", "0.9"],
     "top-8 KL 0.5 + CE 0.5": ["--distill", "0.5"],
@@ -36,7 +37,8 @@ ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDe
 ap.add_argument("--tokens", type=int, default=120_000, help="harvest until the dataset holds this many tokens")
 ap.add_argument("--rows", type=int, default=200_000, help="labelled rows each arm trains on")
 ap.add_argument("--lr", type=float, default=3e-4)
-ap.add_argument("--init-drafter", type=Path, default=SHIPPED, help="the drafter every arm continues")
+ap.add_argument("--init-drafter", default=str(SHIPPED), help="the drafter every arm continues; none: every arm "
+                "starts from the target's last layers")
 ap.add_argument("--eval-prompts", type=int, default=10)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--arms", nargs="*", default=list(ARMS), help="which arms (names as in the table)")
@@ -50,25 +52,27 @@ trainer = [sys.executable, str(ROOT / "tools" / "train_default_drafter.py"), "--
 
 subprocess.run(trainer + ["--harvest-only", "--tokens", str(a.tokens)], check=True)
 for name in a.arms:
-    key = f"{name} | rows {a.rows} | lr {a.lr} | from {a.init_drafter.name}"
+    start = Path(a.init_drafter).name if a.init_drafter != "none" else "target layers"
+    key = f"{name} | rows {a.rows} | lr {a.lr} | from {start}"
     if key in results:
         continue
-    arm_dir = work / "".join(c if c.isalnum() else "-" for c in name)
+    arm_dir = work / "".join(c if c.isalnum() else "-" for c in f"{name}-{start}-{a.rows}")
     cmd = trainer + ["--harvest-minutes", "0", "--tokens", str(a.tokens), "--rows", str(a.rows), "--lr", str(a.lr),
-                     "--init-drafter", str(a.init_drafter), "--eval-prompts", str(a.eval_prompts),
+                     *(["--init-drafter", a.init_drafter] if a.init_drafter != "none" else []),
+                     "--eval-prompts", str(a.eval_prompts),
                      "--work-dir", str(arm_dir), "--out", str(arm_dir / "drafter.gguf"), *ARMS[name]]
     if (arm_dir / "checkpoint" / "ckpt.pt").exists():
         cmd.append("--resume")
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
     report = json.loads(out[out.rindex('{\n  "labelled_rows"'):])
     results[key] = {"arm": name, "flags": ARMS[name], "rows": a.rows, "lr": a.lr, "tokens": a.tokens,
-                    "init_drafter": a.init_drafter.name, "val_tau": report["val_tau_estimate"],
+                    "init_drafter": start, "val_tau": report["val_tau_estimate"],
                     "engine_tau": report["engine_tau"]}
     results_path.write_text(json.dumps(results, indent=2))
 
-print("| arm | engine τ overall | code | math | chat | slot-1 acceptance | validation τ |")
-print("|---|---|---|---|---|---|---|")
+print("| start | rows | arm | engine τ overall | code | math | chat | slot-1 acceptance | validation τ |")
+print("|---|---|---|---|---|---|---|---|---|")
 for r in results.values():
     tau = r["engine_tau"]
-    print(f"| {r['arm']} | {tau['tau_overall']:.3f} | {tau['tau']['code']:.3f} | {tau['tau']['math']:.3f} | "
+    print(f"| {r['init_drafter']} | {r['rows']:,} | {r['arm']} | {tau['tau_overall']:.3f} | {tau['tau']['code']:.3f} | {tau['tau']['math']:.3f} | "
           f"{tau['tau']['chat']:.3f} | {tau['slot_accept'][0]:.3f} | {r['val_tau']:.3f} |")
