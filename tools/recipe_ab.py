@@ -28,6 +28,8 @@ ARMS = {
     "ce γ=4, seed 2": ["--train-seed", "2"],
     "ce uniform slot weights": ["--gamma", "1e9"],
     "first-error cut": ["--cut-at-first-error"],
+    "first-error cut, seed 2": ["--cut-at-first-error", "--train-seed", "2"],
+    "first-error cut + TV 0.9": ["--cut-at-first-error", "--tv", "0.9"],
     "TV 0.9 + CE 0.1": ["--tv", "0.9"],
     "top-8 KL 0.5 + CE 0.5": ["--distill", "0.5"],
     "slots 1-3 only": ["--supervised-slots", "3"],

@@ -36,8 +36,9 @@ def register(app: typer.Typer) -> None:
                                       "probabilities kept at harvest time (0: hard labels only)"),
         tv: float = typer.Option(0.0, "--tv", help="share of the loss that is the total variation to the "
                                  "target's top-k probabilities (1 - the chance a drafted token is accepted)"),
-        cut_at_first_error: bool = typer.Option(False, "--cut-at-first-error", help="no loss on a block's rows "
-                                                "after the drafter's first wrong slot"),
+        cut_at_first_error: bool = typer.Option(True, "--cut-at-first-error/--no-cut-at-first-error",
+                                                help="no loss on a block's rows after the drafter's first wrong "
+                                                     "slot (+0.06 engine τ at equal compute: docs/training-ab.md)"),
         supervised_slots: Optional[int] = typer.Option(None, "--supervised-slots", help="only block slots "
                                                        "1..N carry loss"),
         short_blocks: float = typer.Option(0.0, "--short-blocks", help="share of training blocks cut to 2..B-1 "
