@@ -30,6 +30,7 @@ ARMS = {
     "first-error cut": ["--cut-at-first-error"],
     "first-error cut, seed 2": ["--cut-at-first-error", "--train-seed", "2"],
     "first-error cut + TV 0.9": ["--cut-at-first-error", "--tv", "0.9"],
+    "first-error cut + TV 0.9, seed 2": ["--cut-at-first-error", "--tv", "0.9", "--train-seed", "2"],
     "TV 0.9 + CE 0.1": ["--tv", "0.9"],
     "top-8 KL 0.5 + CE 0.5": ["--distill", "0.5"],
     "slots 1-3 only": ["--supervised-slots", "3"],

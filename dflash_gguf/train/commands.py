@@ -34,8 +34,9 @@ def register(app: typer.Typer) -> None:
         lr: float = typer.Option(8e-4, "--lr"),
         distill: float = typer.Option(0.0, "--distill", help="share of the loss against the target's top-k "
                                       "probabilities kept at harvest time (0: hard labels only)"),
-        tv: float = typer.Option(0.0, "--tv", help="share of the loss that is the total variation to the "
-                                 "target's top-k probabilities (1 - the chance a drafted token is accepted)"),
+        tv: Optional[float] = typer.Option(None, "--tv", help="share of the loss that is the total variation to "
+                                           "the target's top-k probabilities (1 - the chance a drafted token is "
+                                           "accepted); default 0.9, or 0 with --distill (docs/training-ab.md)"),
         cut_at_first_error: bool = typer.Option(True, "--cut-at-first-error/--no-cut-at-first-error",
                                                 help="no loss on a block's rows after the drafter's first wrong "
                                                      "slot (+0.06 engine τ at equal compute: docs/training-ab.md)"),
@@ -71,6 +72,8 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force"),
     ):
         """Generate training data with the target itself, train the drafter, export a validated GGUF."""
+        if tv is None:
+            tv = 0.9 if distill == 0 else 0.0
         if not 0.0 <= tv <= 1.0 or distill + tv > 1.0:
             raise UserError(f"--tv {tv}: choose a share between 0 and 1 that, with --distill {distill}, "
                             "adds up to at most 1")
