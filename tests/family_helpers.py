@@ -70,3 +70,41 @@ def write_dspark_folder(folder: Path, config: DrafterConfig, tensors: dict, *, r
             "confidence_head_with_markov": True}
     (folder / "config.json").write_text(json.dumps(cfg))
     return folder
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "dflash_gguf" / "assets" / "smollm2-135m-instruct.dflash-q8_0.gguf"
+
+
+def shipped_family_drafter(member: str, target: Path, out: Path, *, outtype: str = "f32", seed: int = 0,
+                           sample_from_anchor: bool = False, markov_scale: float = 0.3) -> Path:
+    """The shipped SmolLM2 DFlash drafter grown into a DFlash2 or DSpark one that still accepts: DFlash2 with
+    identity convolutions (base tap 0 = 1, projection 0) and a small random selector (top-k 16); DSpark with
+    a small random Markov head and a confidence head. Full vocabulary (the target's head via ctx_other)."""
+    from dflash_gguf.convert.flavours import detect_flavour, normalize_gguf
+    from dflash_gguf.convert.target_info import read_target
+    from dflash_gguf.convert.writer import write_dflash_gguf
+    tinfo = read_target(target)
+    src = normalize_gguf(SHIPPED, detect_flavour(SHIPPED), tinfo)
+    c, t = src.config, dict(src.tensors)
+    c.vocab_size = tinfo.n_vocab
+    H, V, rng = c.hidden_size, tinfo.n_vocab, np.random.default_rng(seed)
+    if member == "DFlash2":
+        c.conv_kernel_size, c.conv_group_size, c.selector_rank, c.selector_top_k = 2, 16, 8, 16
+        for i in range(c.n_layers):
+            for side in ("attention_conv", "mlp_conv"):
+                base = np.zeros((2, 2, H), np.float32)
+                base[:, 0, :] = 1.0
+                t[f"layers.{i}.{side}.base_kernel"] = base
+                t[f"layers.{i}.{side}.kernel_projection.weight"] = np.zeros((2 * 2 * H // 16, H), np.float32)
+        t["candidate_selector.predecessor_codebook"] = rng.standard_normal((V, 8)).astype(np.float32)
+        t["candidate_selector.successor_codebook"] = rng.standard_normal((V, 8)).astype(np.float32)
+        t["candidate_selector.hidden_projection.weight"] = (rng.standard_normal((8, H)) * 0.5 / H ** 0.5
+                                                            ).astype(np.float32)
+    else:
+        c.markov_rank, c.confidence_head, c.sample_from_anchor = 8, True, sample_from_anchor
+        t["markov_head.markov_w1.weight"] = rng.standard_normal((V, 8)).astype(np.float32)
+        t["markov_head.markov_w2.weight"] = (rng.standard_normal((V, 8)) * markov_scale / 8 ** 0.5
+                                             ).astype(np.float32)
+        t["confidence_head.proj.weight"] = (rng.standard_normal((1, H + 8)) / H ** 0.5).astype(np.float32)
+        t["confidence_head.proj.bias"] = np.zeros(1, np.float32)
+    return write_dflash_gguf(t, c, target, out, outtype=outtype, force=True)

@@ -30,7 +30,7 @@ class DraftSource(Protocol):
 
     def begin(self) -> None: ...
     def process(self, features: np.ndarray, pos0: int) -> None: ...
-    def draft(self, last_token: int, pos: int, n: int, want_logits: bool) -> Proposal: ...
+    def draft(self, last_token: int, pos: int, n: int, want_logits: bool, pick=None) -> Proposal: ...
     def rollback(self, pos: int) -> None: ...
 
 
@@ -113,21 +113,27 @@ class DFlashDrafter:
             self.embd_batch.set_embd(chunk, pos0 + i, "none")
             self.ctx.decode(self.embd_batch, "feature injection")
 
-    def draft(self, last_token: int, pos: int, n: int, want_logits: bool) -> Proposal:
-        self._flush()
-        # The full trained block (the drafter saw block_size-1 masks in training), or with short_blocks
-        # only the n+1 rows needed: cheaper where the drafter's cost grows with its rows (CPUs), at a
-        # small loss of acceptance; the policy's calibration decides (policy.measure_cost_curve).
-        rows = n + 1 if self.short_blocks else self.block_size
-        block = [last_token] + [self.mask] * (rows - 1)
+    def draft(self, last_token: int, pos: int, n: int, want_logits: bool, pick=None) -> Proposal:
+        """pick (T>0, rejection mode): the loop's sampler, `pick(logits [V]) -> (token, q [V])`, for sources
+        whose later slots depend on the tokens drawn earlier; DFlash's slots do not, so it is unused here."""
+        rows = self._decode_block(last_token, pos, n + 1)
         # The dflash graph ignores output flags: it writes logits for every block row in order, so
         # ask for all of them and read rows 1..n (row 0 is the anchor).
-        self.tok_batch.set_tokens(block, pos, "all")
-        self.ctx.decode(self.tok_batch, "draft")
         logits = self.ctx.logits_all(rows)[1:n + 1]
         proposal = Proposal([int(t) for t in logits.argmax(axis=1)], np.array(logits) if want_logits else None)
         self.ctx.seq_rm(pos, -1)             # the block's own K/V are never kept
         return proposal
+
+    def _decode_block(self, last_token: int, pos: int, needed: int) -> int:
+        """Decode `[last, MASK…]` at pos; returns its row count. The full trained block (the drafter saw
+        block_size-1 masks in training), or with short_blocks only the `needed` rows: cheaper where the
+        drafter's cost grows with its rows (CPUs), at a small loss of acceptance; the policy's calibration
+        decides (policy.measure_cost_curve). The caller removes the block's K/V (seq_rm(pos))."""
+        self._flush()
+        rows = needed if self.short_blocks else self.block_size
+        self.tok_batch.set_tokens([last_token] + [self.mask] * (rows - 1), pos, "all")
+        self.ctx.decode(self.tok_batch, "draft")
+        return rows
 
     def rollback(self, pos: int) -> None:
         self._flush()

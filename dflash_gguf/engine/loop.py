@@ -172,8 +172,9 @@ class SpecDecoder:
     # -- the steps, each replaceable on its own ------------------------------------------------
     def draft(self, last: int, pos: int, n: int, sampling: SamplingParams, rng) -> Proposal:
         stochastic = not sampling.greedy and self.t_mode == "rejection"
-        proposal = self.drafter.draft(last, pos, n, want_logits=stochastic)
-        if stochastic:
+        pick = (lambda row: self._pick_row(row, sampling, rng)) if stochastic else None
+        proposal = self.drafter.draft(last, pos, n, want_logits=stochastic, pick=pick)
+        if stochastic and proposal.q is None:                              # slots independent of earlier draws
             q = probs_from_logits(proposal.logits, sampling)               # [n, V]
             proposal = Proposal([sample(q[i], rng) for i in range(n)], proposal.logits, q)
         return proposal
@@ -188,6 +189,12 @@ class SpecDecoder:
             q = np.zeros((n, p.shape[1]))
             q[np.arange(n), proposal.tokens] = 1.0
         return verify_stochastic(proposal.tokens, q, p, rng)
+
+    @staticmethod
+    def _pick_row(logits: np.ndarray, sampling: SamplingParams, rng) -> tuple[int, np.ndarray]:
+        """One draft slot drawn from its logits [V] under the sampling transform: (token, q [V])."""
+        q = probs_from_logits(logits, sampling)
+        return sample(q, rng), q
 
     @staticmethod
     def _pick(logits: np.ndarray, sampling: SamplingParams, rng) -> int:
