@@ -525,12 +525,3 @@ def check_fits(drafter: GGUFHeader, target: GGUFHeader) -> None:
                            + f". Use the drafter made for this target, or train one: "
                              f"dflash-gguf train -m {target.path} -o draft.gguf")
 
-
-def check_models(target: str | Path, drafter: str | Path | None) -> tuple[GGUFHeader, GGUFHeader | None]:
-    """What every command that loads a target (and a drafter) calls first."""
-    t = check_target(target)
-    d = None
-    if drafter is not None:
-        d = check_drafter(drafter)
-        check_fits(d, t)
-    return t, d

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from .errors import UserError
 
 T_MODES = ("rejection", "match")
+BACKENDS = ("cpu", "cuda", "vulkan", "metal")   # native.build.BACKENDS, kept import-free here
 MIN_CTX = 128                        # the verify-cost calibration decodes 64 context tokens + a block     # T>0 verification: speculative sampling, or match a target sample
 
 
@@ -21,6 +22,7 @@ class EngineSettings:
     n_batch: int = 512
     n_gpu_layers: int = 0
     fit: bool = False                    # choose n_gpu_layers / n_cpu_moe from free VRAM
+    fit_target: int = 768                # MiB --fit leaves free on the device (llama.cpp's --fit-target)
     draft_max: int | None = None         # None: block size - 1
     draft_min: int = 1
     adaptive: bool = True
@@ -35,7 +37,9 @@ class EngineSettings:
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()
     rpc: str | None = None
-    extra: dict = field(default_factory=dict, compare=False)
+    backend: str | None = None           # ggml backend build to load: cpu | cuda | vulkan | metal (None: detected)
+    devices: tuple[str, ...] = ()        # target's ggml devices (llama.cpp's --device; "none": CPU only)
+    draft_devices: tuple[str, ...] = ()  # the drafter's; () = the target's
 
     @classmethod
     def from_env(cls, **overrides) -> "EngineSettings":
@@ -43,7 +47,7 @@ class EngineSettings:
         values = {}
         for f in fields(cls):
             raw = os.environ.get(f"DFLASH_GGUF_{f.name.upper()}")
-            if raw is not None and f.name != "extra":
+            if raw is not None:
                 try:
                     values[f.name] = _parse(f.type, raw)
                 except ValueError:
@@ -63,8 +67,11 @@ class EngineSettings:
             (self.draft_min >= 1, "--draft-min", self.draft_min, "must be >= 1"),
             (self.draft_ctx is None or self.draft_ctx >= 1, "--draft-ctx", self.draft_ctx, "must be >= 1"),
             (self.t_mode in T_MODES, "--t-mode", self.t_mode, f"must be one of {', '.join(T_MODES)}"),
+            (self.fit_target >= 0, "--fit-target", self.fit_target, "must be >= 0 (MiB left free on the device)"),
             (self.n_cpu_moe >= 0, "--n-cpu-moe", self.n_cpu_moe, "must be >= 0"),
             (self.main_gpu >= 0, "-mg/--main-gpu", self.main_gpu, "must be >= 0"),
+            (self.backend is None or self.backend in BACKENDS, "--backend", self.backend,
+             f"must be one of {', '.join(BACKENDS)}"),
             (all(x >= 0 for x in self.tensor_split), "-ts/--tensor-split", ",".join(map(str, self.tensor_split)),
              "must be non-negative proportions, e.g. 3,1"),
         )
@@ -97,3 +104,13 @@ def parse_tensor_split(spec: str | None) -> tuple[float, ...] | None:
         return tuple(float(x) for x in spec.split(","))
     except ValueError:
         raise UserError(f"-ts/--tensor-split {spec}: give proportions per GPU, e.g. 3,1") from None
+
+
+def parse_devices(spec: str | None) -> tuple[str, ...] | None:
+    """--device "Vulkan0,Vulkan1" → ("Vulkan0", "Vulkan1"); "none" keeps every layer on the CPU."""
+    if not spec:
+        return None
+    names = tuple(x.strip() for x in spec.split(",") if x.strip())
+    if "none" in names and len(names) > 1:
+        raise UserError(f"--device {spec}: 'none' (CPU only) cannot be combined with devices")
+    return names or None

@@ -54,7 +54,7 @@ def requantize(src: Path, dst: Path, ftype: str, n_threads: int = 0) -> Path:
     """A copy of `src` at precision `ftype` (cached: an existing dst is reused)."""
     if dst.is_file():
         return dst
-    from .convert.quantize import llama_quantize  # noqa: PLC0415
+    from .native.quantize import llama_quantize  # noqa: PLC0415
     return llama_quantize(src, dst, ftype, allow_requantize=True, n_threads=n_threads)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_gguf.convert.writer import write_dflash_gguf
+from dflash_gguf.convert.writer import finish, write_dflash_gguf
 from dflash_gguf.drafter.config import DrafterConfig
 from engine_helpers import write_tiny_llama
 
@@ -105,10 +105,7 @@ def write_flavoured_gguf(upstream: Path, out: Path, flavour, *, with_ids: bool =
         n_vocab = len(r.fields["tokenizer.ggml.tokens"].data)
         for name in ("token_embd.weight", "output.weight"):
             w.add_tensor(name, np.ones((n_vocab, n_embd), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return out
 
 

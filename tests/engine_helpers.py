@@ -6,43 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
+from dflash_gguf.convert.synthetic import RandomTensors, add_synthetic_vocab
+from dflash_gguf.convert.writer import add_decoder_hparams, add_target_tokenizer, finish
 from dflash_gguf.engine.drafter import Proposal
-
-
-class _Tensors:
-    """Random tensors into a GGUFWriter; numpy shapes are [out, in] (ggml ne reversed)."""
-
-    def __init__(self, writer, seed: int, dtype=np.float32):
-        self.w, self.rng, self.dtype = writer, np.random.default_rng(seed), dtype
-
-    def rand(self, name: str, *shape: int, scale: float | None = None) -> None:
-        arr = self.rng.standard_normal(shape) * (scale if scale is not None else 1.0 / np.sqrt(shape[-1]))
-        self.w.add_tensor(name, arr.astype(self.dtype if len(shape) > 1 else np.float32))
-
-    def ones(self, name: str, n: int) -> None:
-        self.w.add_tensor(name, np.ones(n, dtype=np.float32))
-
-    def attention(self, i: int, n_embd: int, n_head: int, n_head_kv: int, head_dim: int, qk_norm: bool) -> None:
-        self.ones(f"blk.{i}.attn_norm.weight", n_embd)
-        self.rand(f"blk.{i}.attn_q.weight", n_head * head_dim, n_embd)
-        self.rand(f"blk.{i}.attn_k.weight", n_head_kv * head_dim, n_embd)
-        self.rand(f"blk.{i}.attn_v.weight", n_head_kv * head_dim, n_embd)
-        self.rand(f"blk.{i}.attn_output.weight", n_embd, n_head * head_dim)
-        if qk_norm:
-            self.ones(f"blk.{i}.attn_q_norm.weight", head_dim)
-            self.ones(f"blk.{i}.attn_k_norm.weight", head_dim)
-        self.ones(f"blk.{i}.ffn_norm.weight", n_embd)
-
-    def dense_ffn(self, i: int, n_embd: int, n_ff: int) -> None:
-        self.rand(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
-        self.rand(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
-        self.rand(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
-
-    def finish(self) -> None:
-        self.w.write_header_to_file()
-        self.w.write_kv_data_to_file()
-        self.w.write_tensors_to_file()
-        self.w.close()
 
 
 def write_random_drafter(target: Path, out: Path, *, taps: list[int], n_layers: int = 1, block_size: int = 8,
@@ -51,42 +17,23 @@ def write_random_drafter(target: Path, out: Path, *, taps: list[int], n_layers: 
     """A random-weight `dflash` GGUF fitting `target` (tokenizer copied from it), F32."""
     import gguf
 
-    r = gguf.GGUFReader(str(target))
-    arch = r.fields["general.architecture"].contents()
-    n_embd = int(r.fields[f"{arch}.embedding_length"].contents())
+    from dflash_gguf.convert.target_info import read_target
+    info = read_target(target)
+    n_embd = info.n_embd
     w = gguf.GGUFWriter(str(out), "dflash")
-    w.add_block_count(n_layers)
-    w.add_context_length(4096)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0)
+    add_decoder_hparams(w, n_layer=n_layers, n_ctx=4096, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
+                        head_dim=head_dim, rms_eps=1e-6, rope_base=10000.0)
     w.add_uint32("dflash.block_size", block_size)
     w.add_array("dflash.target_layers", [int(t) for t in taps])
-    for name, field in r.fields.items():
-        if name.startswith("tokenizer.") and name != "tokenizer.ggml.mask_token_id":
-            val = field.contents()
-            if isinstance(val, list):
-                w.add_array(name, val)
-            elif isinstance(val, str):
-                w.add_string(name, val)
-            elif isinstance(val, bool):
-                w.add_bool(name, val)
-            else:
-                w.add_uint32(name, int(val))
-    w.add_uint32("tokenizer.ggml.mask_token_id", mask_token)
-    ts = _Tensors(w, seed)
+    add_target_tokenizer(w, info, mask_token)
+    ts = RandomTensors(w, seed)
     ts.rand("fc.weight", n_embd, len(taps) * n_embd)
     ts.ones("enc.output_norm.weight", n_embd)
     ts.ones("output_norm.weight", n_embd)
     for i in range(n_layers):
         ts.attention(i, n_embd, n_head, n_head_kv, head_dim, qk_norm=True)
         ts.dense_ffn(i, n_embd, n_ff)
-    ts.finish()
+    finish(w)
     return out
 
 
@@ -130,11 +77,33 @@ class OracleDrafter:
             logits[np.arange(n), toks] += self.boost
         return Proposal(toks, logits)
 
-    def rollback(self, pos: int) -> None:
-        self.n_pos = min(self.n_pos, pos)
-
     def pos_max(self) -> int:
         return self.n_pos - 1
+
+
+def assert_rollback_keeps_output(target, n_prompts: int, n_tokens: int, label: str) -> None:
+    """Speculative decoding with an oracle drafter corrupted at 30 % of its slots gives the plain greedy output
+    on random prompts, with both accepted and rejected drafts (so the KV or recurrent state was rolled back)."""
+    from dflash_gguf.engine.loop import SpecDecoder
+    from dflash_gguf.engine.policy import DraftLengthPolicy
+
+    def greedy(decoder, prompt):
+        return decoder.generate(prompt, n_tokens, stop_tokens=lambda _t: False)
+
+    plain = SpecDecoder(target, None, DraftLengthPolicy(1, adaptive=False))
+    rng = np.random.default_rng(0)
+    accepted = rejected = 0
+    for i in range(n_prompts):
+        prompt = [1] + rng.integers(3, 40000, size=12).tolist()
+        ref = greedy(plain, prompt).tokens
+        spec = SpecDecoder(target, OracleDrafter(prompt + ref, target.model.n_vocab, corrupt=0.3, seed=i),
+                           DraftLengthPolicy(7, adaptive=False))
+        spec.debug_check_positions = True
+        res = greedy(spec, prompt)
+        assert res.tokens == ref, f"prompt {i}: {label} changed the output"
+        accepted += res.n_accepted
+        rejected += res.n_drafted - res.n_accepted
+    assert accepted > 0 and rejected > 0
 
 
 def write_tiny_llama(out: Path, *, n_vocab: int = 32, n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
@@ -153,32 +122,13 @@ def write_tiny_llama(out: Path, *, n_vocab: int = 32, n_embd: int = 64, n_layer:
         w.add_expert_used_count(n_expert_used)
         w.add_expert_feed_forward_length(n_ff)
     head_dim = n_embd // n_head
-    w.add_block_count(n_layer)
-    w.add_context_length(1024)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
+    add_decoder_hparams(w, n_layer=n_layer, n_ctx=1024, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
+                        head_dim=head_dim, rms_eps=1e-5, rope_base=10000.0)
     w.add_rope_dimension_count(head_dim)
     w.add_file_type(0 if dtype == np.float32 else 1)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    toks = ["<unk>", "<s>", "</s>"] + [f"\u2581t{i}" for i in range(3, n_vocab)]
-    types = [2, 3, 3] + [1] * (n_vocab - 3)
-    if text:
-        toks += [f"<0x{b:02X}>" for b in range(256)]
-        types += [6] * 256
-        n_vocab += 256
-    w.add_token_list(toks)
-    w.add_token_scores([0.0] * n_vocab)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
+    n_vocab = add_synthetic_vocab(w, n_vocab - 3, byte_tokens=text)
 
-    ts = _Tensors(w, seed, dtype)
+    ts = RandomTensors(w, seed, dtype)
     ts.rand("token_embd.weight", n_vocab, n_embd, scale=1.0)
     ts.ones("output_norm.weight", n_embd)
     ts.rand("output.weight", n_vocab, n_embd, scale=logit_scale / np.sqrt(n_embd))
@@ -191,7 +141,7 @@ def write_tiny_llama(out: Path, *, n_vocab: int = 32, n_embd: int = 64, n_layer:
             ts.rand(f"blk.{i}.ffn_down_exps.weight", n_expert, n_embd, n_ff)
         else:
             ts.dense_ffn(i, n_embd, n_ff)
-    ts.finish()
+    finish(w)
     return out
 
 
@@ -275,7 +225,6 @@ def assert_same_distribution(counts: np.ndarray, expected: np.ndarray) -> None:
 def project_prompts(per_category: int) -> list[str]:
     """The first prompts of each category (code, math, chat) of the project's own prompt file: real
     text that every checkout has, so a test never depends on a folder outside the repository."""
-    import json
-    path = Path(__file__).resolve().parent.parent / "dflash_gguf" / "train" / "data" / "prompts.jsonl"
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    from dflash_gguf.corpus.prompts import FIRST_PROMPTS, load
+    rows = load(FIRST_PROMPTS)
     return [r["prompt"] for cat in ("code", "math", "chat") for r in [x for x in rows if x["category"] == cat][:per_category]]

@@ -56,3 +56,33 @@ def test_loaded_library_has_tap_api():
     native = load()
     assert native.dflash.api_version() == EXPECTED_API_VERSION
     assert native.info["patches"] == [p.name for p in nb.source_inputs(ROOT).patches]
+
+
+def test_vulkan_toolchain_missing_is_one_line_naming_the_packages(monkeypatch):
+    monkeypatch.setattr(nb.shutil, "which", lambda name: None)
+    monkeypatch.setattr(nb, "_has_vulkan_loader", lambda: False)
+    missing = nb.missing_vulkan_toolchain()
+    assert missing[0].startswith("glslc") and any("loader" in m for m in missing)
+    with pytest.raises(nb.BuildError) as e:
+        nb.check_vulkan_toolchain()
+    message = str(e.value)
+    assert "\n" not in message and "apt-get install glslc libvulkan-dev spirv-headers" in message
+    assert "Vulkan SDK" in message                                    # what to install elsewhere
+
+
+def test_vulkan_build_recipe_and_backend_request(monkeypatch):
+    assert "-DGGML_VULKAN=ON" in nb.cmake_args("vulkan", False, None)
+    assert nb.build_key(nb.source_inputs(ROOT), "vulkan").endswith("-vulkan")
+    monkeypatch.setenv("DFLASH_GGUF_BACKEND", "Vulkan")
+    assert nb.requested_backend() == "vulkan" and nb.default_backend() == "vulkan"
+    monkeypatch.setenv("DFLASH_GGUF_BACKEND", "opencl")
+    with pytest.raises(nb.BuildError, match="unknown backend"):
+        nb.requested_backend()
+
+
+def test_a_requested_backend_that_is_not_built_says_how_to_build_it(monkeypatch):
+    from dflash_gguf.native import lib
+    monkeypatch.delenv("DFLASH_GGUF_LIB_DIR", raising=False)
+    monkeypatch.setenv("DFLASH_GGUF_BACKEND", "metal")
+    with pytest.raises(lib.NativeLibraryError, match=r"metal build .* `dflash-gguf build --backend metal`"):
+        lib.find_lib_dir()

@@ -80,6 +80,12 @@ def test_a_missing_target_and_a_target_passed_as_drafter(capsys):
     (["run", "--draft-max", "0"], "--draft-max"),
     (["run", "--draft-min", "0"], "--draft-min"),
     (["run", "-ts", "a,b"], "--tensor-split"),
+    (["run", "--backend", "opencl"], "--backend"),
+    (["run", "--device", "none,Vulkan0"], "--device"),
+    (["run", "--fit-target", "-1"], "--fit-target"),
+    (["run", "--device", "Vulkan7", "-n", "2"], "--device Vulkan7"),
+    (["bench", "--prompts", "p.jsonl", "--backend", "opencl"], "--backend"),
+    (["serve", "--backend", "opencl"], "--backend"),
     (["run", "-p", "x", "-f", "x.txt"], "-p or -f"),
     (["serve", "--t-mode", "greedy"], "--t-mode"),
     (["serve", "-c", "16"], "-c"),
@@ -158,8 +164,16 @@ def test_a_drafter_for_another_target_is_refused_before_loading(tmp_path, capsys
     assert "out of range for a target with 2 layers" in line and "dflash-gguf train" in line
 
 
-@pytest.mark.parametrize("flag, value", [("--short-blocks", "1.5"), ("--distill", "-0.1")])
+@pytest.mark.parametrize("flag, value", [("--short-blocks", "1.5"), ("--distill", "-0.1"), ("--tv", "1.2")])
 def test_out_of_range_training_shares_are_refused_in_one_line(tmp_path, capsys, flag, value):
     code, line = _fails(capsys, ["train", "-m", str(smollm2_q4_1()), "-o", str(tmp_path / "d.gguf"), flag, value])
     assert code == 2 and line.startswith(f"error: {flag} {value}: ") and "between 0 and 1" in line
+    assert not (tmp_path / "d.gguf").exists()
+
+
+@pytest.mark.parametrize("args, says", [(["--tv", "0.6", "--distill", "0.5"], "error: --tv 0.6: "),
+                                        (["--supervised-slots", "8"], "error: --supervised-slots 8: choose 1..7")])
+def test_loss_options_that_cannot_combine_are_refused_in_one_line(tmp_path, capsys, args, says):
+    code, line = _fails(capsys, ["train", "-m", str(smollm2_q4_1()), "-o", str(tmp_path / "d.gguf"), *args])
+    assert code == 2 and line.startswith(says)
     assert not (tmp_path / "d.gguf").exists()

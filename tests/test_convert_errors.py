@@ -13,7 +13,7 @@ from convert_helpers import random_drafter, state_numpy, write_zlab_folder
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
 from dflash_gguf.convert.sources import read_source
 from dflash_gguf.convert.target_info import read_target
-from dflash_gguf.convert.writer import ConvertError, write_dflash_gguf
+from dflash_gguf.convert.writer import ConvertError, finish, write_dflash_gguf
 from dflash_gguf.drafter.config import DrafterConfig
 from dflash_gguf.errors import UserError
 from engine_helpers import write_tiny_llama
@@ -150,9 +150,6 @@ def test_fork_file_with_two_tensors_for_one_weight(tmp_path, target, upstream):
     for t in r.tensors:
         w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
     w.add_tensor("blk.0.ffn_norm.weight", np.ones(64, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     with pytest.raises(UserError, match="both read as 'layers.0.post_attention_layernorm.weight'"):
         read_source(str(tmp_path / "both.gguf"), read_target(target))

@@ -10,7 +10,7 @@ from dflash_gguf.convert import draft_vocab as dv
 from dflash_gguf.convert.flavours import detect_flavour, normalize_gguf
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
 from dflash_gguf.convert.target_info import read_target
-from dflash_gguf.convert.writer import write_dflash_gguf
+from dflash_gguf.convert.writer import finish, write_dflash_gguf
 from dflash_gguf.engine.drafter import DFlashDrafter
 from dflash_gguf.engine.loop import SpecDecoder
 from dflash_gguf.engine.policy import DraftLengthPolicy
@@ -115,10 +115,7 @@ def test_damaged_d2t_is_refused(files, tmp_path, damage, message):
             data = data.copy()
             data[1] = data[0] if damage == "duplicate" else 10_000
         w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     bad = tmp_path / "bad.gguf"
     with pytest.raises(UserError, match=message):
         normalize_gguf(bad, detect_flavour(bad), read_target(target_path))

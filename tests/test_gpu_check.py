@@ -13,12 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tools.gpu import bundle, setup_env
+
 ROOT = Path(__file__).resolve().parent.parent
 GPU_TOOLS = ROOT / "tools" / "gpu"
-sys.path.insert(0, str(GPU_TOOLS))
-
-import bundle  # noqa: E402
-import setup_env  # noqa: E402
 
 
 def _check(tmp: Path, *args: str, timeout: int = 1800) -> tuple[subprocess.CompletedProcess, dict]:
@@ -61,7 +59,7 @@ def test_cpu_dry_run_passes_every_step(tmp_path):
     assert "llama-speculative-simple" in steps["build"]["details"]["tools_built"]
     tests = steps["tests"]["details"]
     assert tests["tests"] >= 6 and tests["skipped"] == tests["tests"]      # no GPU here: every gpu test skips
-    assert tests["files"] == ["tests/test_gpu_backend.py"]
+    assert tests["files"] == ["tests/test_gpu_backend.py", "tests/test_gpu_engine.py"]
     assert set(steps["verify"]["details"]["ratios"]) == {"1", "2", "3", "4"}
     assert steps["verify8b"]["details"]["generated"]["spec"]["shape"] == "tiny-dense"
     bench = steps["bench"]["details"]

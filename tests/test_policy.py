@@ -103,3 +103,40 @@ def test_probes_are_short_and_back_off_while_plain_wins():
     probes = [i for i, n in enumerate(picks) if n]
     assert all(picks[i] == 1 for i in probes)        # a probe drafts one token, not the "best" long draft
     assert [b - a for a, b in zip(probes, probes[1:])] == [8, 16, 32] and probes[0] == 3
+
+
+def test_plain_streak_weighs_the_rates_every_recheck_steps():
+    # during a plain streak only t(1) moves: the full evaluation runs every `recheck` steps, not every step
+    p = DraftLengthPolicy(7, cost=CostCurve({1: 1.0, 2: 1.6, 4: 2.4, 8: 4.3}, t_draft=0.4), probe_every=1 << 30,
+                          recheck=8)
+    _feed(p, 0)
+    calls = []
+    weigh = p.expected_rates
+    p.expected_rates = lambda: calls.append(1) or weigh()
+    assert [p.choose() for _ in range(32)] == [0] * 32
+    assert len(calls) == 4
+    # speculation starts paying (say the machine got a fast verify): noticed within `recheck` steps
+    p.cost = CostCurve({1: 1.0, 8: 1.0}, t_draft=0.0)
+    assert 0 < next(i for i in range(1, 20) if p.choose() > 0) <= 8
+
+
+def test_probes_still_come_between_rechecks():
+    p = DraftLengthPolicy(7, cost=CostCurve({1: 1.0, 2: 1.6, 4: 2.4, 8: 4.3}, t_draft=0.4), probe_every=5,
+                          recheck=8)
+    _feed(p, 0)
+    choices = [p.choose() for _ in range(5 + 10 + 20)]
+    assert [i for i, c in enumerate(choices) if c] == [4, 14, 34] and set(choices) == {0, 1}
+
+
+def test_a_new_generation_starts_from_what_the_last_one_learned():
+    cost = CostCurve({1: 1.0, 2: 1.1, 4: 1.3, 8: 2.0}, t_draft=0.1)
+    fresh = DraftLengthPolicy(7, cost=cost)
+    assert fresh.choose() > 0                       # the 0.6 prior: drafting looks worth it
+    p = DraftLengthPolicy(7, cost=cost)
+    _feed(p, 0)
+    p.reset()
+    assert p.choose() == 0                          # drafts kept failing: the next generation starts plain
+    np.testing.assert_allclose(p.slots.alpha(), p.slots.prior_accept)
+    _feed(p, 7)
+    p.reset()
+    assert p.choose() > 0 and p.slots.alpha()[0] > 0.9

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_gguf.train.prompts import load
+from dflash_gguf.corpus.prompts import FIRST_PROMPTS as PROMPTS
+from dflash_gguf.corpus.prompts import load
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMPTS = ROOT / "dflash_gguf" / "train" / "data" / "prompts.jsonl"
 EVAL = ROOT.parent / "shared" / "prompts"     # the evaluation prompts, beside the checkout (as in CI)
 
 

@@ -190,9 +190,9 @@ def _eval_prompts():
 
 
 def test_shipped_prompt_set_is_large_diverse_licensed_and_never_overlaps_the_evaluation_prompts():
-    from dflash_gguf.train.commands import DEFAULT_PROMPTS
-    from dflash_gguf.train.prompts import load
-    from dflash_gguf.train.sources.overlap import EvalFilter
+    from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS
+    from dflash_gguf.corpus.prompts import load
+    from dflash_gguf.corpus.overlap import EvalFilter
     rows = load(DEFAULT_PROMPTS)
     assert len(rows) >= 20000 and len({r["prompt"] for r in rows}) == len(rows)
     assert {r["category"] for r in rows} == {"code", "math", "chat"}
@@ -206,7 +206,7 @@ def test_shipped_prompt_set_is_large_diverse_licensed_and_never_overlaps_the_eva
 
 
 def test_the_overlap_filter_finds_an_evaluation_prompt_inside_other_text():
-    from dflash_gguf.train.sources.overlap import EvalFilter
+    from dflash_gguf.corpus.overlap import EvalFilter
     evals = _eval_prompts()
     filt = EvalFilter(evals)
     assert filt.overlaps("Please help: " + evals[3][:200] + " Thanks.")
@@ -251,3 +251,51 @@ def test_the_fitted_recipe_is_the_one_whose_largest_run_measured_best():
     assert best_compute_series(points) == "compute, small steps"
     points[0]["tau"] = 1.35
     assert best_compute_series(points) == "compute"
+
+
+def test_first_error_cut_keeps_each_block_up_to_its_first_wrong_slot():
+    torch = pytest.importorskip("torch")
+    from dflash_gguf.train.objective import rows_up_to_first_error
+    # three blocks: slots 1..3 (wrong at 2), 1..2 (wrong at 1), 1..3 (all right); short blocks included
+    slots = torch.tensor([1, 2, 3, 1, 2, 1, 2, 3])
+    correct = torch.tensor([True, False, True, False, True, True, True, True])
+    kept = rows_up_to_first_error(correct, slots)
+    assert kept.tolist() == [1, 1, 0, 1, 0, 1, 1, 1]
+
+
+def test_total_variation_share_is_one_minus_the_expected_acceptance():
+    torch = pytest.importorskip("torch")
+    from dflash_gguf.train.objective import row_losses
+    logp = torch.log_softmax(torch.tensor([[2.0, 0.5, -1.0], [0.0, 0.0, 3.0]]), -1)
+    soft = torch.tensor([[0.6, 0.4, 0.0], [0.1, 0.1, 0.8]])
+    labels = torch.tensor([0, 2])
+    q = logp.exp()
+    accept = torch.minimum(q, soft).sum(-1)                       # chance a draw from q survives rejection
+    hard = -logp[torch.arange(2), labels]
+    torch.testing.assert_close(row_losses(logp, labels, soft, tv=1.0), 1 - accept)
+    torch.testing.assert_close(row_losses(logp, labels, soft, tv=0.9), 0.1 * hard + 0.9 * (1 - accept))
+    torch.testing.assert_close(row_losses(logp, labels, soft), hard)
+
+
+def test_cut_and_supervised_slots_change_which_rows_carry_loss(tmp_path):
+    import torch
+    data = _dataset(tmp_path, _random_seqs())
+    plain = _trainer(data)
+    assert plain.weights.tolist()[0] == 0 and min(plain.weights.tolist()[1:]) > 0
+    first_only = _trainer(data, supervised_slots=1)
+    assert first_only.weights.tolist()[2:] == [0, 0]
+    cut = _trainer(data, cut_at_first_error=True)
+    cut.model.load_state_dict(plain.model.state_dict())
+    pb = plain.data.blocks(0, 6, 4, MASK, np.random.default_rng(0))
+    with torch.no_grad():
+        logits, labels, slots = plain.forward(pb)
+    right = logits.argmax(-1) == labels
+    kept = torch.ones(len(slots), dtype=torch.bool)
+    for i in range(len(slots)):                                   # after a wrong row, the rest of its block goes
+        if slots[i] > 1 and (not kept[i - 1] or not right[i - 1]):
+            kept[i] = False
+    w = plain.weights[slots] * kept * (labels >= 0)
+    manual = torch.nn.functional.cross_entropy(logits, labels.clamp(min=0), reduction="none")
+    torch.testing.assert_close(cut.loss(logits, labels, slots), (manual * w).sum() / w.sum())
+    assert not kept.all()                                          # a random drafter is wrong somewhere
+

@@ -46,20 +46,19 @@ import torch  # noqa: E402
 from dflash_gguf.convert.sources import read_source  # noqa: E402
 from dflash_gguf.convert.target_info import read_target  # noqa: E402
 from dflash_gguf.drafter.torch_ref import DFlashDrafter  # noqa: E402
-from dflash_gguf.native.wrappers import Batch, Context, ContextSettings, Model  # noqa: E402
-from dflash_gguf.textgen.greedy import greedy_continuation, prefill_features  # noqa: E402
 from dflash_gguf.textgen.prompting import format_prompt  # noqa: E402
 from dflash_gguf.train.acceptance import Walk, leading_correct  # noqa: E402
 from dflash_gguf.train.dataset import FeatureDataset  # noqa: E402
 from dflash_gguf.train.harvest import DatasetWriter  # noqa: E402
+from dflash_gguf.train.measure import NativeDraftProbe  # noqa: E402
 from dflash_gguf.train.target_weights import embedding_and_head  # noqa: E402
 
 if a.threads:
     torch.set_num_threads(a.threads)
 target = a.target or smollm2_q4_1()
 if a.train_prompts:
-    from dflash_gguf.train.commands import DEFAULT_PROMPTS  # noqa: E402
-    from dflash_gguf.train.prompts import load  # noqa: E402
+    from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS  # noqa: E402
+    from dflash_gguf.corpus.prompts import load  # noqa: E402
     lo, hi = (int(x) for x in a.train_prompts.split(":"))
     prompts = load(DEFAULT_PROMPTS)[lo:hi]
 else:
@@ -78,28 +77,13 @@ head_rows = torch.from_numpy(head[vocab])
 embed_t = torch.from_numpy(embed)
 B = config.block_size
 
-tm, dm = Model(target), Model(a.drafter)
-taps = dm.target_layer_ids()
-tctx = Context(tm, ContextSettings(n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=a.threads))
-dctx = Context(dm, ContextSettings(n_ctx=2048, n_batch=64, n_ubatch=64, n_threads=a.threads), other=tctx)
-dctx.set_causal(False)
-tbatch, ebatch, bbatch = Batch(tm.native, 512), Batch(dm.native, 64, len(taps) * tm.n_embd), Batch(dm.native, B)
+probe = NativeDraftProbe(target, a.drafter, a.threads)
+tm, taps = probe.target, probe.taps
 
 
 def llama_drafts(seq: list[int], feats: np.ndarray, start: int) -> np.ndarray:
     """[anchors, B-1] token ids drafted by llama.cpp at every anchor start .. len(seq)-2."""
-    dctx.clear()
-    out, injected = [], 0
-    for p in range(start, len(seq) - 1):
-        for i in range(injected, p, 64):
-            ebatch.set_embd(feats[i:min(p, i + 64)], i, "none")
-            dctx.decode(ebatch, "feature injection")
-        injected = p
-        bbatch.set_tokens([seq[p]] + [config.mask_token_id] * (B - 1), p, "all")
-        dctx.decode(bbatch, "draft")
-        out.append(np.asarray(dctx.logits_all(B))[1:].argmax(axis=1))
-        dctx.seq_rm(p, -1)
-    return np.array(out)
+    return np.array([probe.draft_at(seq, feats, p) for p in range(start, len(seq) - 1)])
 
 
 def torch_drafts(data: FeatureDataset) -> np.ndarray:
@@ -125,10 +109,9 @@ per_prompt = []
 with tempfile.TemporaryDirectory() as tmp:
     for n, row in enumerate(prompts):
         prompt = format_prompt(tm, row)[:1024]
-        seq = prompt + greedy_continuation(tm, tctx, tbatch, prompt, a.max_tokens)
+        seq, feats = probe.continuation(prompt, a.max_tokens)
         if len(seq) - len(prompt) < 2:
             continue
-        feats = prefill_features(tctx, tbatch, taps, seq)
         folder = Path(tmp) / str(n)
         meta = {"taps": taps, "n_embd": tm.n_embd, "store_features": True, "top_k_probs": 0}
         DatasetWriter(folder, meta).add(seq, [[len(prompt), len(seq)]], row, prompt_index=n, sampled=False,

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Build the training prompt set (dflash_gguf/train/data/prompts-v2.jsonl.gz; sources and licences in
-dflash_gguf/train/data/README.md).
+"""Build the training prompt set (dflash_gguf/corpus/data/prompts-v2.jsonl.gz; sources and licences in
+dflash_gguf/corpus/data/README.md).
 
 Stage 1 cuts prompts from real text on this machine: documented functions of the standard library, the
 installed distributions and the wheels in --wheels (pip download --no-deps ...), Debian man pages and the
@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from dflash_gguf.paths import cache_root  # noqa: E402
-from dflash_gguf.train.sources import build  # noqa: E402
+from dflash_gguf.corpus import build  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__)
 ap.add_argument("--seed", type=int, default=20261123)
@@ -31,7 +31,7 @@ ap.add_argument("--parallel", type=int, default=16)
 ap.add_argument("--threads", type=int, default=1)
 ap.add_argument("--self-instruct-minutes", type=float, default=None,
                 help="stop stage 2 after this long (it resumes where it stopped on the next run)")
-ap.add_argument("-o", "--out", type=Path, default=ROOT / "dflash_gguf/train/data/prompts-v2.jsonl.gz")
+ap.add_argument("-o", "--out", type=Path, default=ROOT / "dflash_gguf/corpus/data/prompts-v2.jsonl.gz")
 for f in fields(build.Mix):
     ap.add_argument(f"--{f.name.replace('_', '-')}", type=int, default=f.default)
 a = ap.parse_args()

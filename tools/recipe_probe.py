@@ -18,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
+from dflash_gguf.train import smollm2_recipe as recipe  # noqa: E402
 from dflash_gguf.train.dataset import FeatureDataset  # noqa: E402
 from dflash_gguf.train.pipeline import build_trainer  # noqa: E402
 from dflash_gguf.train.trainer import TrainSettings  # noqa: E402
@@ -37,9 +38,10 @@ if a.threads:
 data = FeatureDataset(a.data)
 for recipe in a.recipe:
     anchors, seqs, lr = recipe.split(":")
-    s = TrainSettings(n_layers=2, block_size=8, rows=a.rows, lr=float(lr), warmup=0.03, anchors_per_seq=int(anchors),
-                      seqs_per_step=int(seqs), eval_every=10**9, eval_seqs=a.val_seqs, seed=1)
-    trainer, _ = build_trainer(smollm2_q4_1(), data, s, draft_vocab=4096)
+    s = TrainSettings(n_layers=recipe.N_LAYERS, block_size=recipe.BLOCK_SIZE, rows=a.rows, lr=float(lr), warmup=0.03,
+                      anchors_per_seq=int(anchors), seqs_per_step=int(seqs), eval_every=10**9, eval_seqs=a.val_seqs,
+                      seed=recipe.SEED)
+    trainer, _ = build_trainer(smollm2_q4_1(), data, s, draft_vocab=recipe.DRAFT_VOCAB)
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         val = trainer.train(Path(tmp), progress=False)

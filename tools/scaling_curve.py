@@ -24,7 +24,8 @@ sys.path.insert(0, str(ROOT))
 from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
 from dflash_gguf.train.measure import load_eval_prompts, measure_tau  # noqa: E402
 from dflash_gguf.train.pipeline import build_trainer, export  # noqa: E402
-from dflash_gguf.train.scaling import SubsetDataset, best_compute_series, extrapolate, plot_curve  # noqa: E402
+from dflash_gguf.train.scaling import (SubsetDataset, best_compute_series, extrapolate, measured,  # noqa: E402
+                                       plot_curve)
 from dflash_gguf.train.trainer import TrainSettings  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__)
@@ -74,10 +75,7 @@ def record(series: str, label: str, trainer, data, tau, val, seconds: float) -> 
            "train_seconds": round(seconds, 1), "rows_per_s": round(trainer.rows_seen / max(seconds, 1e-9), 1),
            "train_sequences": len(data.split()[0]),
            "train_tokens": data.n_tokens(data.split()[0]),
-           "tau": round(tau.overall, 3), "tau_by_category": {k: round(v, 3) for k, v in tau.by_category.items()},
-           "slot_accept": [round(x, 3) for x in tau.slot_accept], "val_tau": round(val.tau, 3),
-           "val_anchor_tau": round(val.anchor_tau, 3), "val_tau_counted": "walk", "val_loss": round(val.loss, 4),
-           "eval_prompts_per_category": a.eval_prompts,
+           **measured(tau, val), "eval_prompts_per_category": a.eval_prompts,
            "recipe": {"anchors_per_seq": a.anchors, "seqs_per_step": a.seqs_per_step, "lr": a.lr,
                       "short_blocks": a.short_blocks}}
     report["points"].append(rec)

@@ -3,7 +3,7 @@
 
 Every setting is recorded here, in dflash_gguf/assets/drafters.json and in the GGUF's dflash_gguf.train.* keys.
 Phases, each resumable from the user cache (run the same command again after any interruption):
-  harvest  the target answers the shipped prompt set (dflash_gguf/train/data/prompts-v2.jsonl.gz), keeping
+  harvest  the target answers the shipped prompt set (dflash_gguf/corpus/data/prompts-v2.jsonl.gz), keeping
            tokens, tapped features (F16) and its top-8 probabilities; stops at --harvest-minutes or --tokens
   train    --rows labelled block rows (cosine schedule over them), checkpoint every 5 minutes
   export   Q8_0 GGUF with a 4096-token draft vocabulary counted on the training data, then τ on the first
@@ -21,18 +21,15 @@ sys.path.insert(0, str(ROOT))
 
 from dflash_gguf.paths import cache_root  # noqa: E402
 from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
-from dflash_gguf.train.commands import DEFAULT_PROMPTS  # noqa: E402
-from dflash_gguf.train.harvest import HarvestSettings  # noqa: E402
+from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS  # noqa: E402
+from dflash_gguf.train import smollm2_recipe as recipe  # noqa: E402
+from dflash_gguf.train.smollm2_recipe import DRAFT_VOCAB, SEED, TAPS  # noqa: E402
 from dflash_gguf.train.pipeline import dataset_dir, file_sha256, prompts_sha256, train_drafter  # noqa: E402
-from dflash_gguf.train.prompts import load  # noqa: E402
+from dflash_gguf.corpus.prompts import load  # noqa: E402
 from dflash_gguf.train.trainer import TrainSettings  # noqa: E402
 
-SEED = 1
-TAPS = [2, 11, 19, 28]             # official formula for 4 taps over 30 layers ([1, 10, 18, 27]) + 1
 OUT = ROOT / "dflash_gguf" / "assets" / "smollm2-135m-instruct.dflash-q8_0.gguf"
 EVAL = ROOT.parent / "shared" / "prompts"
-DRAFT_VOCAB = 4096                 # the drafter's LM head keeps the 4096 tokens SmolLM2 wrote most
-MAX_NEW = {"code": 128, "math": 160, "chat": 160}    # the evaluation horizon is 128 tokens
 
 ap = argparse.ArgumentParser(description=__doc__)
 ap.add_argument("--harvest-minutes", type=float, default=None, help="stop the harvest after this long")
@@ -50,6 +47,12 @@ ap.add_argument("--init-drafter", type=Path, default=None, help="continue from t
                 "(e.g. the shipped one) instead of the target's last layers")
 ap.add_argument("--eval-seqs", type=int, default=48, help="held-out sequences per validation")
 ap.add_argument("--distill", type=float, default=0.0, help="share of the loss on the target's top-8")
+ap.add_argument("--tv", type=float, default=0.0, help="share of the loss that is the total variation to the top-8")
+ap.add_argument("--cut-at-first-error", action="store_true", help="no loss after a block's first wrong slot")
+ap.add_argument("--supervised-slots", type=int, default=None, help="only block slots 1..N carry loss")
+ap.add_argument("--gamma", type=float, default=None, help="slot weight decay exp(-(k-1)/gamma) (default: 4 for block 8)")
+ap.add_argument("--train-seed", type=int, default=SEED, help="the trainer's seed (anchors, order); the harvest keeps "
+                "the recipe's")
 ap.add_argument("--threads", type=int, default=0, help="harvest and torch threads (0: all cores)")
 ap.add_argument("--work-dir", type=Path, default=None)
 ap.add_argument("--out", type=Path, default=OUT)
@@ -76,12 +79,12 @@ target = smollm2_q4_1()
 prompts = load(DEFAULT_PROMPTS)
 data = dataset_dir(file_sha256(target), prompts_sha256(prompts), SEED)
 work = a.work_dir or cache_root() / "train" / f"smollm2-default-{data.name}"
-harvest = HarvestSettings(taps=TAPS, n_threads=a.threads, seed=SEED, n_parallel=a.parallel, max_new=MAX_NEW,
-                          top_k_probs=8)
-train = TrainSettings(n_layers=2, block_size=8, rows=a.rows, lr=a.lr, warmup=0.03, anchors_per_seq=a.anchors,
-                      seqs_per_step=a.seqs_per_step, seed=SEED, max_seconds=a.minutes * 60 if a.minutes else None,
+harvest = recipe.harvest_settings(n_threads=a.threads, n_parallel=a.parallel)
+train = TrainSettings(n_layers=recipe.N_LAYERS, block_size=recipe.BLOCK_SIZE, rows=a.rows, lr=a.lr, warmup=0.03, anchors_per_seq=a.anchors,
+                      seqs_per_step=a.seqs_per_step, seed=a.train_seed, max_seconds=a.minutes * 60 if a.minutes else None,
                       eval_every=2000, eval_seqs=a.eval_seqs, ckpt_minutes=5.0, distill=a.distill,
-                      short_blocks=a.short_blocks)
+                      tv=a.tv, cut_at_first_error=a.cut_at_first_error, supervised_slots=a.supervised_slots,
+                      gamma=a.gamma, short_blocks=a.short_blocks)
 if a.harvest_only:
     from dflash_gguf.train.harvest import harvest as run_harvest  # noqa: E402
     shard = tuple(int(x) for x in a.shard.split("/"))
@@ -109,6 +112,7 @@ def snapshot(trainer, vocab, val) -> None:
     """Export the drafter so far and measure it: one point of the compute curve, counted from the first
     drafter of the chain when this run continues one (--init-drafter)."""
     from dflash_gguf.train.pipeline import export  # noqa: PLC0415
+    from dflash_gguf.train.scaling import measured  # noqa: PLC0415
     before = getattr(trainer, "init_record", None) or {"labelled_rows_in_all": 0, "response_tokens_in_all": 0}
     path = work / "snapshots" / f"rows-{trainer.rows_seen}.gguf"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,10 +124,7 @@ def snapshot(trainer, vocab, val) -> None:
              "rows_this_run": trainer.rows_seen, "train_seconds": round(trainer.seconds_before, 1),
              "rows_per_s": round(trainer.rows_seen / max(trainer.seconds_before, 1e-9), 1),
              "train_sequences": len(trainer.train_ids), "train_tokens": before["response_tokens_in_all"] + tokens,
-             "tau": round(tau.overall, 3), "tau_by_category": {k: round(v, 3) for k, v in tau.by_category.items()},
-             "slot_accept": [round(x, 3) for x in tau.slot_accept], "val_tau": round(val.tau, 3),
-             "val_anchor_tau": round(val.anchor_tau, 3), "val_tau_counted": "walk", "val_loss": round(val.loss, 4),
-             "eval_prompts_per_category": a.eval_prompts, "init_drafter": before.get("file"),
+             **measured(tau, val), "eval_prompts_per_category": a.eval_prompts, "init_drafter": before.get("file"),
              "recipe": {"anchors_per_seq": a.anchors, "seqs_per_step": a.seqs_per_step, "lr": a.lr,
                         "short_blocks": a.short_blocks, "rows": a.rows}}
     log = work / "snapshots.json"
@@ -137,7 +138,7 @@ record = train_drafter(target, a.out, prompts, work, taps=TAPS, harvest_settings
                        data_dir=data, harvest_seconds=a.harvest_minutes * 60 if a.harvest_minutes is not None else None,
                        init_drafter=a.init_drafter, snapshots=tuple(a.snapshots),
                        on_snapshot=snapshot if a.snapshots and a.eval_prompts and EVAL.is_dir() else None,
-                       data_note=f"{DEFAULT_PROMPTS.relative_to(ROOT)} (licences in dflash_gguf/train/data/README.md); "
+                       data_note=f"{DEFAULT_PROMPTS.relative_to(ROOT)} (licences in dflash_gguf/corpus/data/README.md); "
                                  "responses written by the target")
 if a.eval_prompts and EVAL.is_dir():
     record["engine_tau"] = measure(a.out).to_json() | {

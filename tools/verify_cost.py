@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """t(B)/t(1): what verifying B tokens costs relative to one decode step, through our native layer.
 
-After a fixed context (default 256 tokens) it decodes B tokens with logits on every row, reads the
-logits, and rolls the batch back; every B is timed `--reps` times in an interleaved order (the machine
-is shared, so drift hits every B alike). Prints one JSON object: per B the median time, the spread
+After a fixed context (default 256 tokens) it times a verify batch of B tokens the way the engine's own
+calibration does (engine/target.Target.time_verify: B rows with logits, rolled back); every B is timed
+`--reps` times in an interleaved order (the machine is shared, so drift hits every B alike). Prints one JSON object: per B the median time, the spread
 (min..max) and the ratio of medians to B=1.
 
     .venv/bin/python tools/verify_cost.py --model smollm2:q4_1 --max-batch 16 --reps 7
@@ -36,31 +36,23 @@ def resolve_model(spec: str) -> Path:
 
 def measure(model_path: Path, batches: list[int], reps: int, n_ctx_tokens: int, threads: int,
             seed: int, cpu_clock: bool = False, flash_attn: str = "auto", n_gpu_layers: int = 0) -> dict:
+    from dflash_gguf.engine.target import Target
     from dflash_gguf.native.lib import load
-    from dflash_gguf.native.wrappers import Batch, Context, ContextSettings, Model
+    from dflash_gguf.native.wrappers import ContextSettings, Model
 
     native = load()
     model = Model(model_path, n_gpu_layers=n_gpu_layers)
-    ctx = Context(model, ContextSettings(n_ctx=n_ctx_tokens + max(batches) + 16, n_batch=512, n_ubatch=512,
-                                         n_threads=threads, n_threads_batch=threads,
-                                         flash_attn=flash_attn))
-    tokens = model.tokenize(PROSE * 64, add_special=False)[:n_ctx_tokens]
-    batch = Batch(native, max(n_ctx_tokens, max(batches)))
-    batch.set_tokens(tokens, 0, logits="last")
-    ctx.decode(batch, "context")
+    target = Target(model, ContextSettings(n_ctx=n_ctx_tokens + max(batches) + 16, n_batch=512, n_ubatch=512,
+                                           n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn),
+                    max_verify=max(batches))
+    target.prefill(model.tokenize(PROSE * 64, add_special=False)[:n_ctx_tokens], None)
     draft = model.tokenize(PROSE, add_special=False)
 
     # with one thread ggml computes in this thread, so its CPU time ignores time spent descheduled
     clock = time.thread_time if cpu_clock else time.perf_counter
 
     def one(b: int) -> float:
-        batch.set_tokens(draft[:b], n_ctx_tokens, logits="all")
-        t0 = clock()
-        ctx.decode(batch, "verify")
-        ctx.logits_all(b).sum()          # the caller reads every row
-        dt = clock() - t0
-        ctx.seq_rm(n_ctx_tokens)
-        return dt
+        return target.time_verify(draft[:b], clock)
 
     for b in batches:                    # warm-up: graphs, buffers, page cache
         one(b)

@@ -7,16 +7,19 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from ..engine_options import with_engine_options
 from ..errors import UserError
 
 
 def register(app: typer.Typer) -> None:
     @app.command(context_settings={"help_option_names": ["-h", "--help"]})
+    @with_engine_options
     def bench(
         model: Optional[Path] = typer.Option(None, "-m", "--model", help="target GGUF (default: embedded SmolLM2)"),
         draft: Optional[Path] = typer.Option(None, "-md", "--model-draft", help="DFlash drafter GGUF"),
@@ -26,23 +29,20 @@ def register(app: typer.Typer) -> None:
         n_predict: int = typer.Option(128, "-n", "--n-predict", help="tokens to generate per prompt"),
         baselines: str = typer.Option("plain,dflash,upstream,ngram", "--baselines",
                                       help="comma list of plain, dflash (ours), upstream (C++ DFlash), ngram"),
-        draft_max: Optional[int] = typer.Option(None, "--draft-max", help="most draft tokens per verify"),
-        no_adaptive: bool = typer.Option(False, "--no-adaptive", help="ours always drafts --draft-max tokens"),
         repeat: int = typer.Option(1, "--repeat", help="repeat the whole set K times (median and min/max)"),
         limit: Optional[int] = typer.Option(None, "--limit", help="at most N prompts per category"),
-        threads: int = typer.Option(0, "-t", "--threads", help="CPU threads for every baseline (0 = all)"),
-        n_gpu_layers: int = typer.Option(0, "-ngl", "--n-gpu-layers", help="layers on the GPU (target and drafter)"),
-        ctx_size: int = typer.Option(4096, "-c", "--ctx-size"),
         tools_dir: Optional[Path] = typer.Option(None, "--tools-dir",
                                                  help="upstream binaries (default: <lib dir>/tools)"),
         json_out: Optional[Path] = typer.Option(None, "--json", help="write the full report here"),
         plot_out: Optional[Path] = typer.Option(None, "--plot", help="write a PNG here"),
+        engine_options: dict = None,
     ):
         """Plain vs our DFlash vs upstream C++ DFlash vs n-gram, interleaved prompt by prompt."""
         from tqdm import tqdm
 
         from ..engine.session import Engine, check_inputs, require_native
-        from ..settings import EngineSettings
+        from ..native.offload import software_gpus
+        from ..settings import EngineSettings, parse_devices as _devices
         from .prompts import prepare, read_rows
         from .report import summarize
         from .runner import BASELINES, UpstreamSettings, run_bench
@@ -59,11 +59,12 @@ def register(app: typer.Typer) -> None:
         if limit is not None and limit < 1:
             raise UserError(f"--limit {limit}: must be >= 1")
         rows = read_rows(prompts, limit)
-        threads = threads or os.cpu_count() or 1
-        settings = EngineSettings.from_env(target=model, drafter=draft, n_ctx=ctx_size, n_threads=threads,
-                                           n_gpu_layers=n_gpu_layers, draft_max=draft_max, adaptive=not no_adaptive)
+        settings = EngineSettings.from_env(target=model, drafter=draft, **engine_options)
+        threads = settings.n_threads or os.cpu_count() or 1         # upstream baselines get the same count
+        settings = replace(settings, n_threads=threads)
+        ctx_size, n_gpu_layers = settings.n_ctx, settings.n_gpu_layers
         check_inputs(settings)
-        require_native()
+        require_native(settings)
         engine = Engine(settings)
         try:
             bench_prompts = prepare(rows, engine)
@@ -84,12 +85,13 @@ def register(app: typer.Typer) -> None:
             per_n = {n: (start.t_draft_n[n] + end.t_draft_n[n]) / 2 for n in start.t_draft_n} if short else None
             report = {
                 "target": str(engine.target_model.path), "drafter": str(engine.drafter_model.path),
+                "drafter_member": engine.drafter.member,
                 "prompt_files": [str(p) for p in prompts], "prompts": len(bench_prompts),
                 "per_category": {c: sum(p.category == c for p in bench_prompts)
                                  for c in dict.fromkeys(p.category for p in bench_prompts)},
                 "n_predict": n_predict, "repeat": repeat, "baselines": chosen, "threads": threads,
                 "n_gpu_layers": n_gpu_layers, "n_ctx": ctx_size, "draft_max": engine.draft_max,
-                "adaptive": not no_adaptive, "backend": engine.target_model.native.info.get("backend"),
+                "adaptive": settings.adaptive, "backend": engine.target_model.native.info.get("backend"),
                 "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} cores)",
                 "date": time.strftime("%Y-%m-%d %H:%M"), "missing": missing,
                 "load_average": {"before": load_before, "after": os.getloadavg()},
@@ -101,10 +103,16 @@ def register(app: typer.Typer) -> None:
                 "summary": summarize(runs, cost_t, per_n or t_draft),
                 "runs": [r.__dict__ for r in runs],
             }
+            software = software_gpus(engine.target_model.native) if n_gpu_layers else []
+            if software:
+                report["note"] = (f"the device is a CPU emulation ({', '.join(software)}): these timings are not "
+                                  "GPU timings; correctness is real")
         finally:
             engine.close()
         from .table import render
         print(render(report), file=sys.stderr)
+        if report.get("note"):
+            print(f"note: {report['note']}", file=sys.stderr)
         if json_out:
             json_out.parent.mkdir(parents=True, exist_ok=True)
             json_out.write_text(json.dumps(report, indent=1))

@@ -50,18 +50,14 @@ def read_rows(files: list[Path], limit: int | None) -> list[dict]:
 
 
 def prepare(rows: list[dict], engine) -> list[BenchPrompt]:
-    from ..engine.chat import render_chat  # noqa: PLC0415
+    from ..textgen.chat import render_model_chat  # noqa: PLC0415
     model = engine.target_model
     template = model.chat_template()
-    special = {}
-    if template is not None:
-        special = {k: model.token_bytes(t, special=True).decode("utf-8", "replace")
-                   for k, t in (("bos_token", model.bos()), ("eos_token", model.eos()))}
     out = []
     for row in rows:
         text = row["prompt"]
         if template is not None and row["category"] not in RAW_CATEGORIES:
-            text = render_chat(template, [{"role": "user", "content": text}], model_name=model.path.name, **special)
+            text = render_model_chat(model, [{"role": "user", "content": text}])
             tokens = model.tokenize(text, add_special=False)
         else:
             tokens = model.tokenize(text, add_special=True)

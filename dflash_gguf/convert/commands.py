@@ -44,8 +44,8 @@ def register(app: typer.Typer) -> None:
                   file=sys.stderr)
         vocab = source.draft_vocab
         if draft_vocab is not None:
-            from ..textgen.token_counts import counted_draft_vocab
-            vocab = counted_draft_vocab(target, draft_vocab, vocab_prompts, vocab_samples, vocab_seconds, threads)
+            from .draft_vocab import counted
+            vocab = counted(target, draft_vocab, vocab_prompts, vocab_samples, vocab_seconds, threads)
         write_dflash_gguf(source.tensors, source.config, target, out, outtype=outtype, force=force,
                           name=f"{tinfo.name} {source.config.family} drafter", source=source.description,
                           extra_metadata={**source.train_metadata, "dflash_gguf.converted_from": source.description},

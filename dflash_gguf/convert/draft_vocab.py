@@ -11,6 +11,7 @@ itself writes them (counts from its own responses), always keeping the end-of-ge
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +67,18 @@ def build(target: Path, counts: np.ndarray, k: int, keep: list[int]) -> DraftVoc
     ids = choose_tokens(counts, k, keep)
     rows, qtype = target_head_rows(target, ids)
     return DraftVocab(ids, rows, qtype)
+
+
+def counted(target: Path, k: int, prompt_files: list[Path], n_prompts: int, seconds: float | None = None,
+            n_threads: int = 0) -> DraftVocab:
+    """The `k`-token draft vocabulary of `target`, counted on its responses to `n_prompts` prompts."""
+    from ..textgen.token_counts import count_target_tokens, load_prompt_rows  # noqa: PLC0415
+    counts, eog = count_target_tokens(target, load_prompt_rows(prompt_files)[:n_prompts], seconds=seconds,
+                                      n_threads=n_threads)
+    vocab = build(target, counts, k, eog)
+    print(f"draft vocabulary: {vocab.size} tokens cover {coverage(vocab.token_ids, counts):.1%} of the counted "
+          "tokens", file=sys.stderr)
+    return vocab
 
 
 def coverage(token_ids: np.ndarray, counts: np.ndarray) -> float:

@@ -1,4 +1,5 @@
-"""What a drafter needs to know about its target, read from the GGUF header (no weights loaded)."""
+"""The one description of a target: what a drafter (converted or trained) needs to know about it, read from the
+header gguf_check validated (no weights loaded)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,13 @@ class TargetInfo:
     n_vocab: int
     n_ctx_train: int
     tokenizer_fields: dict          # key → (value, GGUFValueType, sub type) for copying
-    rope_theta: float | None = None
+    rope_theta: float | None        # None: the file does not say
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    rms_eps: float
+    mask_token: int                 # an id the target never writes (see _mask_token)
 
 
 def read_gguf(path: Path, what: str = "file"):
@@ -74,10 +81,25 @@ def _target(r, resolved: str, size: int, mtime_ns: int) -> TargetInfo:
         if key.startswith("tokenizer."):
             sub = f.types[1] if len(f.types) > 1 else None
             tok_fields[key] = (f.contents(), f.types[0], sub)
+    n_embd, n_head = int(field(f"{arch}.embedding_length")), int(field(f"{arch}.attention.head_count", 1))
     return TargetInfo(path=path, arch=arch, name=str(field("general.name", path.stem)),
-                      n_embd=int(field(f"{arch}.embedding_length")), n_layer=int(field(f"{arch}.block_count")),
+                      n_embd=n_embd, n_layer=int(field(f"{arch}.block_count")),
                       n_vocab=len(tokens.contents()), n_ctx_train=int(field(f"{arch}.context_length", 0) or 0),
-                      tokenizer_fields=tok_fields, rope_theta=_float(field(f"{arch}.rope.freq_base")))
+                      tokenizer_fields=tok_fields, rope_theta=_float(field(f"{arch}.rope.freq_base")),
+                      n_head=n_head, n_head_kv=int(field(f"{arch}.attention.head_count_kv", n_head)),
+                      head_dim=int(field(f"{arch}.attention.key_length", n_embd // n_head)),
+                      n_ff=int(field(f"{arch}.feed_forward_length", 0)),
+                      rms_eps=float(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+                      mask_token=_mask_token(field))
+
+
+def _mask_token(field) -> int:
+    """The target's dedicated mask token if any, else its unknown token (padding last: it is often the
+    end-of-text token, which does appear as an input)."""
+    for key in ("tokenizer.ggml.mask_token_id", "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"):
+        if field(key) is not None:
+            return int(field(key))
+    return 0
 
 
 def _float(value) -> float | None:

@@ -20,7 +20,7 @@ from .hparams import write_hparams
 from .names import gguf_tensor_name
 from .target_info import TargetInfo, read_target
 
-__all__ = ["ARCH", "OUTTYPES", "ConvertError", "write_dflash_gguf"]
+__all__ = ["ARCH", "OUTTYPES", "ConvertError", "add_decoder_hparams", "add_target_tokenizer", "finish", "write_dflash_gguf"]
 
 ARCH = "dflash"
 OUTTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
@@ -44,30 +44,51 @@ def _encode(arr: np.ndarray, outtype: str, name: str = "") -> tuple[np.ndarray, 
     return gguf.quants.quantize(arr.astype(np.float32), qtype), qtype
 
 
+def add_decoder_hparams(w, *, n_layer: int, n_ctx: int, n_embd: int, n_ff: int, n_head: int, n_head_kv: int,
+                        head_dim: int, rms_eps: float, rope_base: float) -> None:
+    """The hyperparameters every llama-like decoder (and a `dflash` drafter) reads."""
+    w.add_block_count(n_layer)
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(rms_eps)
+    w.add_rope_freq_base(rope_base)
+
+
+def add_target_tokenizer(w, target: TargetInfo, mask_token_id: int) -> None:
+    """The target's tokenizer keys, types kept, with the drafter's mask token."""
+    for key, (value, vtype, sub) in target.tokenizer_fields.items():
+        if key != "tokenizer.ggml.mask_token_id":
+            w.add_key_value(key, value, vtype, sub_type=sub)
+    w.add_uint32("tokenizer.ggml.mask_token_id", mask_token_id)
+
+
+def finish(w, progress: bool = False) -> None:
+    """Header, key-values, tensors, in the order a GGUF file holds them."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=progress)
+    w.close()
+
+
 def _write(tensors: dict[str, np.ndarray], config: DrafterConfig, target: TargetInfo, path: Path, outtype: str,
            extra_metadata: dict | None, name: str, draft_vocab: DraftVocab | None) -> None:
     import gguf  # noqa: PLC0415
     c = config
     w = gguf.GGUFWriter(str(path), ARCH)
     w.add_name(name)
-    w.add_block_count(c.n_layers)
-    w.add_context_length(target.n_ctx_train or 4096)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.n_heads)
-    w.add_head_count_kv(c.n_kv_heads)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
-    w.add_layer_norm_rms_eps(c.rms_eps)
-    w.add_rope_freq_base(c.rope_theta)
+    add_decoder_hparams(w, n_layer=c.n_layers, n_ctx=target.n_ctx_train or 4096, n_embd=c.hidden_size,
+                        n_ff=c.intermediate_size, n_head=c.n_heads, n_head_kv=c.n_kv_heads, head_dim=c.head_dim,
+                        rms_eps=c.rms_eps, rope_base=c.rope_theta)
     w.add_rope_dimension_count(c.head_dim)
     write_hparams(w, ARCH, c)
     w.add_uint32(f"{ARCH}.block_size", c.block_size)
     w.add_array(f"{ARCH}.target_layers", [int(t) for t in c.target_layers])
-    for key, (value, vtype, sub) in target.tokenizer_fields.items():
-        if key != "tokenizer.ggml.mask_token_id":
-            w.add_key_value(key, value, vtype, sub_type=sub)
-    w.add_uint32("tokenizer.ggml.mask_token_id", c.mask_token_id)
+    add_target_tokenizer(w, target, c.mask_token_id)
     w.add_string("dflash_gguf.target.name", target.name)
     w.add_string("dflash_gguf.target.architecture", target.arch)
     w.add_uint32("dflash_gguf.target.n_layer", target.n_layer)
@@ -90,10 +111,7 @@ def _write(tensors: dict[str, np.ndarray], config: DrafterConfig, target: Target
             rows = rows.view(np.uint8).reshape(draft_vocab.size, -1)
         w.add_tensor("output.weight", rows, raw_dtype=draft_vocab.head_type)
         w.add_tensor("d2t", draft_vocab.token_ids.astype(np.int64))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file(progress=sum(np.asarray(a).size for a in tensors.values()) > 50_000_000)
-    w.close()
+    finish(w, progress=sum(np.asarray(a).size for a in tensors.values()) > 50_000_000)
 
 
 def write_dflash_gguf(tensors: dict[str, np.ndarray], config: DrafterConfig, target_gguf: Path, out_path: Path,
@@ -121,7 +139,7 @@ def write_dflash_gguf(tensors: dict[str, np.ndarray], config: DrafterConfig, tar
         _write(tensors, config, target, tmp, "f32" if outtype in K_QUANTS else outtype, extra_metadata, name,
                draft_vocab)
         if outtype in K_QUANTS:
-            from .quantize import llama_quantize  # noqa: PLC0415
+            from ..native.quantize import llama_quantize  # noqa: PLC0415
             llama_quantize(tmp, tmp, K_QUANTS[outtype])
         if validate:
             from .validate import load_check  # noqa: PLC0415

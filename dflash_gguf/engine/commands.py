@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from ..engine_options import with_engine_options
 from ..errors import UserError
 
 DEMO_PROMPT = "Write a Python function that returns the n-th prime number, with a docstring and two examples."
@@ -17,6 +18,7 @@ DEMO_PROMPT = "Write a Python function that returns the n-th prime number, with 
 
 def register(app: typer.Typer) -> None:
     @app.command(context_settings={"help_option_names": ["-h", "--help"]})
+    @with_engine_options
     def run(
         model: Optional[Path] = typer.Option(None, "-m", "--model", help="target GGUF (default: embedded SmolLM2)"),
         draft: Optional[Path] = typer.Option(None, "-md", "--model-draft", help="DFlash drafter GGUF"),
@@ -30,28 +32,14 @@ def register(app: typer.Typer) -> None:
         top_p: float = typer.Option(1.0, "--top-p"),
         min_p: float = typer.Option(0.0, "--min-p"),
         seed: Optional[int] = typer.Option(None, "--seed"),
-        draft_max: Optional[int] = typer.Option(None, "--draft-max", help="most draft tokens per verify"),
-        draft_min: int = typer.Option(1, "--draft-min"),
-        no_adaptive: bool = typer.Option(False, "--no-adaptive", help="always verify --draft-max tokens"),
-        threads: int = typer.Option(0, "-t", "--threads", help="CPU threads (0 = all)"),
-        n_gpu_layers: int = typer.Option(0, "-ngl", "--n-gpu-layers"),
-        fit: bool = typer.Option(False, "--fit", help="choose -ngl / --n-cpu-moe from free VRAM (drafter + KV counted)"),
-        ctx_size: int = typer.Option(4096, "-c", "--ctx-size"),
-        draft_ctx: Optional[int] = typer.Option(None, "--draft-ctx", help="drafter KV size (default: --ctx-size)"),
-        n_cpu_moe: int = typer.Option(0, "--n-cpu-moe", help="keep the MoE experts of the first N layers on CPU"),
-        cpu_moe: bool = typer.Option(False, "--cpu-moe", help="keep all MoE experts on CPU"),
-        override_tensor: list[str] = typer.Option([], "-ot", "--override-tensor", help="REGEX=BUFFER_TYPE"),
-        t_mode: str = typer.Option("rejection", "--t-mode", help="T>0 verification: rejection | match"),
-        main_gpu: int = typer.Option(0, "-mg", "--main-gpu"),
-        tensor_split: Optional[str] = typer.Option(None, "-ts", "--tensor-split", help="e.g. 3,1"),
-        rpc: Optional[str] = typer.Option(None, "--rpc", help="HOST:PORT,... of ggml rpc-servers"),
         compare: Optional[bool] = typer.Option(None, "--compare/--no-compare",
                                                help="also run plain decoding and report the speedup"),
         plain: bool = typer.Option(False, "--plain", help="plain decoding only (no drafter)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
+        engine_options: dict = None,
     ):
         """Generate with DFlash speculative decoding (lossless); without -m/-md runs the embedded default."""
-        from ..settings import EngineSettings, parse_tensor_split
+        from ..settings import EngineSettings
         from .session import Engine, check_inputs, require_native
 
         demo = prompt is None and file is None
@@ -65,13 +53,9 @@ def register(app: typer.Typer) -> None:
         if demo:
             prompt, chat = DEMO_PROMPT, True
             compare = True if compare is None else compare
-        settings = EngineSettings.from_env(
-            target=model, drafter=draft, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers, fit=fit,
-            draft_max=draft_max, draft_min=draft_min, adaptive=not no_adaptive, draft_ctx=draft_ctx,
-            n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe, override_tensor=tuple(override_tensor), t_mode=t_mode,
-            main_gpu=main_gpu, rpc=rpc, tensor_split=parse_tensor_split(tensor_split))
+        settings = EngineSettings.from_env(target=model, drafter=draft, **engine_options)
         check_inputs(settings, speculative=not plain)
-        require_native()
+        require_native(settings)
         engine = Engine(settings, speculative=not plain)
         try:
             tokens = _prompt_tokens(engine, prompt, chat, think)
@@ -112,16 +96,12 @@ def _prompt_tokens(engine, prompt: str, chat: bool, think: bool | None) -> list[
     model = engine.target_model
     if not chat:
         return model.tokenize(prompt, add_special=True)
-    from .chat import render_chat, supports_thinking
-    template = model.chat_template()
-    if think is not None and not supports_thinking(template):
+    from ..textgen.chat import render_model_chat, supports_thinking
+    if think is not None and not supports_thinking(model.chat_template()):
         print(f"note: {model.path.name}'s chat template has no thinking switch; --think/--no-think ignored",
               file=sys.stderr)
         think = None
-    text = render_chat(template, [{"role": "user", "content": prompt}], enable_thinking=think,
-                       bos_token=model.token_bytes(model.bos(), special=True).decode("utf-8", "replace"),
-                       eos_token=model.token_bytes(model.eos(), special=True).decode("utf-8", "replace"),
-                       model_name=model.path.name)
+    text = render_model_chat(model, [{"role": "user", "content": prompt}], enable_thinking=think)
     return model.tokenize(text, add_special=False)
 
 

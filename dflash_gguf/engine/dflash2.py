@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..gguf_family import DFLASH2
 from .drafter import DFlashDrafter, Proposal
 
 
 class DFlash2Drafter(DFlashDrafter):
-    member = "DFlash2"
+    member = DFLASH2
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

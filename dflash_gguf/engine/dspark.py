@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..gguf_family import SAMPLE_FROM_ANCHOR_KEY
+from ..gguf_family import DSPARK, SAMPLE_FROM_ANCHOR_KEY
 from .drafter import DFlashDrafter, Proposal
 
 
 class DSparkDrafter(DFlashDrafter):
-    member = "DSpark"
+    member = DSPARK
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -15,9 +15,9 @@ import numpy as np
 
 from .drafter import DraftSource, Proposal
 from .policy import DraftLengthPolicy
-from .sampling import SamplingParams, probs_from_logits, sample
+from .sampling import SamplingParams, draw, pick, probs_from_logits, sample
 from .target import Target
-from .verify import Verdict, verify_greedy, verify_stochastic
+from .verify import SlotCounts, Verdict, verify_greedy, verify_stochastic
 
 # Receives each step's new tokens; returning False stops the generation (stop string, disconnect).
 TokenCallback = Callable[[list[int]], "bool | None"]
@@ -50,8 +50,7 @@ class GenerationResult:
     n_plain_steps: int = 0
     n_drafted: int = 0
     n_accepted: int = 0
-    drafted_per_slot: list[int] = field(default_factory=list)
-    accepted_per_slot: list[int] = field(default_factory=list)
+    slots: SlotCounts = field(default_factory=SlotCounts)
     timings: Timings = field(default_factory=Timings)
 
     @property
@@ -60,8 +59,16 @@ class GenerationResult:
         return (len(self.tokens) - 1) / self.n_target_calls if self.n_target_calls else 0.0
 
     @property
+    def drafted_per_slot(self) -> list[int]:
+        return [int(x) for x in self.slots.drafted]
+
+    @property
+    def accepted_per_slot(self) -> list[int]:
+        return [int(x) for x in self.slots.accepted]
+
+    @property
     def acceptance_per_slot(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_slot, self.drafted_per_slot)]
+        return self.slots.per_drafted()
 
     @property
     def tok_s(self) -> float:
@@ -109,8 +116,7 @@ class SpecDecoder:
         sampling.validate()
         is_stop = stop_tokens or self.target.model.is_eog
         rng = np.random.default_rng(sampling.seed)
-        res = GenerationResult([], len(prompt), drafted_per_slot=[0] * self.policy.draft_max,
-                               accepted_per_slot=[0] * self.policy.draft_max)
+        res = GenerationResult([], len(prompt), slots=SlotCounts.zeros(self.policy.draft_max))
         t_start = time.perf_counter()
         self.target.check_fits(len(prompt), 1)
         self.target.reset()
@@ -119,7 +125,7 @@ class SpecDecoder:
             self.drafter.begin()
 
         sink = self.drafter.process if self.drafter is not None else None
-        last = self._pick(self.target.prefill(prompt, sink), sampling, rng)
+        last = pick(self.target.prefill(prompt, sink), sampling, rng)
         res.timings.prefill_s = time.perf_counter() - t_start
 
         emitted = [last]
@@ -130,7 +136,7 @@ class SpecDecoder:
             if room < 0:
                 break
             n = min(self.policy.choose() if self.drafter is not None else 0, room)
-            emitted = self._step(last, n, sampling, rng, res)
+            emitted = self._step(last, n, sampling, rng, res) if n > 0 else self._plain_step(last, sampling, rng, res)
             last = emitted[-1]
         res.timings.total_s = time.perf_counter() - t_start
         return res
@@ -157,10 +163,7 @@ class SpecDecoder:
             res.n_plain_steps += 1
         res.n_drafted += n
         res.n_accepted += verdict.n_accepted
-        for k in range(n):
-            res.drafted_per_slot[k] += 1
-        for k in range(verdict.n_accepted):
-            res.accepted_per_slot[k] += 1
+        res.slots.record(n, verdict.n_accepted)
         res.timings.draft_s += t1 - t0
         res.timings.verify_s += t2 - t1
         res.timings.inject_s += t3 - t2
@@ -169,11 +172,32 @@ class SpecDecoder:
             self.check_positions()
         return verdict.emitted(proposal.tokens)
 
+    def _plain_step(self, last: int, sampling: SamplingParams, rng, res: GenerationResult) -> list[int]:
+        """One plain decoding step (the plain decoder's, and the policy's fallback): decode `last`, pick the next
+        token, hand the row's features to the drafter. Emits what `_step` with n = 0 emits, drawing the same
+        random numbers, with nothing else: no draft, no verify bookkeeping, no rollback (docs/fallback-cost.md)."""
+        pos = self.target.n_past
+        t0 = time.perf_counter()
+        token = pick(self.target.decode_rows([last])[0], sampling, rng)
+        t1 = time.perf_counter()
+        if self.drafter is not None:
+            self.drafter.process(self.target.features(0, 1), pos)         # buffered, see DFlashDrafter
+        t2 = time.perf_counter()
+        res.n_target_calls += 1
+        res.n_plain_steps += 1
+        res.timings.verify_s += t1 - t0
+        res.timings.inject_s += t2 - t1
+        if self.drafter is not None:
+            self.policy.observe(0, 0, verify_s=t1 - t0)
+        if self.debug_check_positions:
+            self.check_positions()
+        return [token]
+
     # -- the steps, each replaceable on its own ------------------------------------------------
     def draft(self, last: int, pos: int, n: int, sampling: SamplingParams, rng) -> Proposal:
         stochastic = not sampling.greedy and self.t_mode == "rejection"
-        pick = (lambda row: self._pick_row(row, sampling, rng)) if stochastic else None
-        proposal = self.drafter.draft(last, pos, n, want_logits=stochastic, pick=pick)
+        pick_slot = (lambda row: draw(row, sampling, rng)) if stochastic else None
+        proposal = self.drafter.draft(last, pos, n, want_logits=stochastic, pick=pick_slot)
         if stochastic and proposal.q is None:                              # slots independent of earlier draws
             q = probs_from_logits(proposal.logits, sampling)               # [n, V]
             proposal = Proposal([sample(q[i], rng) for i in range(n)], proposal.logits, q)
@@ -189,18 +213,6 @@ class SpecDecoder:
             q = np.zeros((n, p.shape[1]))
             q[np.arange(n), proposal.tokens] = 1.0
         return verify_stochastic(proposal.tokens, q, p, rng)
-
-    @staticmethod
-    def _pick_row(logits: np.ndarray, sampling: SamplingParams, rng) -> tuple[int, np.ndarray]:
-        """One draft slot drawn from its logits [V] under the sampling transform: (token, q [V])."""
-        q = probs_from_logits(logits, sampling)
-        return sample(q, rng), q
-
-    @staticmethod
-    def _pick(logits: np.ndarray, sampling: SamplingParams, rng) -> int:
-        if sampling.greedy:
-            return int(np.argmax(logits))
-        return sample(probs_from_logits(logits, sampling), rng)
 
     @staticmethod
     def _emit(res: GenerationResult, tokens: list[int], max_tokens: int, is_stop, on_tokens) -> bool:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
 from ..errors import UserError
-from ..native.wrappers import Batch, Context, ContextSettings, Model
+from ..native.wrappers import Batch, Context, ContextSettings, Model, TapRows
 
 # Called after every target decode with (features [rows, n_taps*n_embd], pos0 of the first row).
 FeatureSink = Callable[[np.ndarray, int], None]
@@ -29,8 +30,7 @@ class Target:
                  force_checkpoint: bool = False):
         """force_checkpoint: roll recurrent state back by checkpoint + replay even where the
         architecture supports per-token snapshots (for tests and for comparing the two)."""
-        L = model.native.llama_cpp
-        self.recurrent = bool(L.llama_model_is_recurrent(model.ptr) or L.llama_model_is_hybrid(model.ptr))
+        self.recurrent = model.has_recurrent_state()
         if self.recurrent and settings.n_rs_seq < max_verify and not force_checkpoint:
             settings = ContextSettings(**{**settings.__dict__, "n_rs_seq": max_verify})
         self.model = model
@@ -42,6 +42,8 @@ class Target:
         self.batch = Batch(model.native, max(settings.n_batch, max_verify + 1))
         self.n_past = 0                  # positions held in the KV cache
         self._checkpoint: bytes | None = None
+        self._kept_rows: TapRows | None = None   # features of the rows a verify keeps, reused every step
+        self._max_rows = max_verify + 1
 
     def _rollback_mode(self, max_verify: int) -> RollbackMode:
         if not self.recurrent:
@@ -88,8 +90,21 @@ class Target:
         self.n_past += len(tokens)
         return self.ctx.logits_all(len(tokens))
 
+    def time_verify(self, tokens: Sequence[int], clock: Callable[[], float] = time.perf_counter) -> float:
+        """Seconds one verify batch of `tokens` takes after the current context; the cache is left as it was."""
+        t0 = clock()
+        self.decode_rows(tokens)
+        dt = clock() - t0
+        self.keep(0, len(tokens))
+        return dt
+
     def features(self, i0: int, n_rows: int) -> np.ndarray:
-        return self.ctx.get_taps(i0, n_rows)
+        """Features [n_rows, n_taps*n_embd] of rows i0.. of the last decode: a view of a buffer that the next
+        call overwrites (the drafter copies what it keeps)."""
+        rows = self._kept_rows
+        if rows is None or rows.width != self.ctx.taps_width or rows.capacity < n_rows:
+            rows = self._kept_rows = TapRows(max(self._max_rows, n_rows), self.ctx.taps_width)
+        return self.ctx.read_taps(i0, n_rows, rows)
 
     def keep(self, n_keep: int, n_decoded: int) -> None:
         """After a verify of n_decoded rows, keep only the first n_keep of them."""

@@ -9,7 +9,7 @@ Every verify therefore emits accepted + 1 tokens (τ counts that one).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -60,3 +60,42 @@ def verify_stochastic(draft: list[int], q: np.ndarray, p: np.ndarray, rng: np.ra
         # total == 0 only when p == q exactly, where rejection has probability 0; guard anyway
         return Verdict(i, sample(residual / total if total > 0 else p[i], rng))
     return Verdict(n, sample(p[n], rng))
+
+
+@dataclass
+class SlotCounts:
+    """Per-slot counts over verified blocks (slot k is the k-th draft token, 0-based): drafted when the block
+    had more than k drafts, tried when the verifier reached it (every slot before it accepted), accepted when
+    the target kept it. Float arrays, so that an online estimate can decay them; grown on demand."""
+    drafted: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    tried: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    accepted: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @classmethod
+    def zeros(cls, n_slots: int) -> "SlotCounts":
+        return cls(np.zeros(n_slots), np.zeros(n_slots), np.zeros(n_slots))
+
+    def grow(self, n_slots: int) -> None:
+        if len(self.drafted) < n_slots:
+            more = n_slots - len(self.drafted)
+            self.drafted, self.tried, self.accepted = (np.pad(a, (0, more))
+                                                       for a in (self.drafted, self.tried, self.accepted))
+
+    def record(self, n_drafted: int, n_accepted: int) -> None:
+        """One verified block: slots 0..n_accepted-1 accepted, slot n_accepted (if drafted) rejected."""
+        self.grow(n_drafted)
+        self.drafted[:n_drafted] += 1
+        self.tried[:min(n_accepted + 1, n_drafted)] += 1
+        self.accepted[:n_accepted] += 1
+
+    def scale(self, factor: float) -> None:
+        for a in (self.drafted, self.tried, self.accepted):
+            a *= factor
+
+    def per_tried(self) -> list[float]:
+        """P(slot k accepted | the verifier reached it): the per-slot α of the draft-length policy."""
+        return [float(a / t) if t else 0.0 for a, t in zip(self.accepted, self.tried)]
+
+    def per_drafted(self) -> list[float]:
+        """P(slot k accepted | it was drafted): what `run` and `bench` report per slot."""
+        return [float(a / d) if d else 0.0 for a, d in zip(self.accepted, self.drafted)]

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ..errors import SetupError
+from ..errors import SetupError, UserError
 
 
 def register(app: typer.Typer) -> None:
@@ -25,9 +25,16 @@ def register(app: typer.Typer) -> None:
         typer.echo(out)
 
     @app.command()
-    def doctor(as_json: bool = typer.Option(False, "--json", help="print one JSON object")):
+    def doctor(as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+               backend: Optional[str] = typer.Option(None, "--backend", help="report this backend's build "
+                                                     "(cpu | cuda | vulkan | metal; default: the one run would load)")):
         """Report the native build: llama.cpp commit, patches, backends, devices, tap API, library paths."""
         from .doctor import collect
+        from .lib import NativeLibraryError, select_backend
+        try:
+            select_backend(backend)
+        except NativeLibraryError as e:
+            raise UserError(str(e)) from e
         report = collect()
         if as_json:
             typer.echo(json.dumps(report, indent=2))

@@ -10,14 +10,14 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from .lib import NativeLibrary, _libname
+from .lib import NativeLibrary, libname
 
 ISAS = ("avx512", "avx2", "none")
 
 
 class CpuKernels:
     def __init__(self, native: NativeLibrary):
-        cpu = ctypes.CDLL(str(Path(native.lib_dir) / _libname("ggml-cpu")))
+        cpu = ctypes.CDLL(str(Path(native.lib_dir) / libname("ggml-cpu")))
         self._get = getattr(cpu, "dflash_cpu_isa", None)
         self._set = getattr(cpu, "dflash_cpu_set_isa", None)
         if self._get is not None:

@@ -7,6 +7,7 @@ import json
 
 from . import build as _build
 from .lib import NativeLibraryError, load
+from .offload import DEVICE_TYPES
 
 
 def _devices(native) -> list[dict]:
@@ -17,8 +18,14 @@ def _devices(native) -> list[dict]:
         free, total = ctypes.c_size_t(), ctypes.c_size_t()
         g.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
         out.append({"name": g.ggml_backend_dev_name(dev).decode(), "description": g.ggml_backend_dev_description(dev).decode(),
+                    "type": DEVICE_TYPES.get(g.ggml_backend_dev_type(dev), "?"),
                     "memory_free_mib": free.value >> 20, "memory_total_mib": total.value >> 20})
     return out
+
+
+VULKAN_CPU_DEVICES_HINT = ("ggml's Vulkan backend sees no GPU; CPU-type Vulkan devices (e.g. Mesa's llvmpipe) are "
+                           "hidden unless GGML_VK_VISIBLE_DEVICES lists them (GGML_VK_VISIBLE_DEVICES=0), and they "
+                           "are far slower than the CPU backend")
 
 
 def _tools(lib_dir) -> list[str]:
@@ -55,4 +62,6 @@ def collect() -> dict:
         devices=_devices(native),
         system_info=L.llama_print_system_info().decode().strip(),
     )
+    if native.info.get("backend") == "vulkan" and not any(d["name"].startswith("Vulkan") for d in report["devices"]):
+        report["hint"] = VULKAN_CPU_DEVICES_HINT
     return report

@@ -86,8 +86,10 @@ class DFlashAPI:
                                         ctypes.c_int32),
         "llama_dflash_n_layer_taps": ([ctypes.c_void_p], ctypes.c_int32),
         "llama_dflash_n_rows_last": ([ctypes.c_void_p], ctypes.c_int32),
-        "llama_dflash_get_layer_taps": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
-                                         ctypes.POINTER(ctypes.c_float)], ctypes.c_int32),
+        # out (float *) as a plain address: the loop reads one row per plain step, and building a
+        # ctypes pointer object for it cost more than the copy
+        "llama_dflash_get_layer_taps": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p],
+                                        ctypes.c_int32),
         "llama_dflash_model_target_layer_ids": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32],
                                                 ctypes.c_int32),
         "llama_dflash_model_block_size": ([ctypes.c_void_p], ctypes.c_int32),
@@ -131,6 +133,7 @@ _P, _S, _C = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
 _GGML_SIGNATURES = {
     "ggml_backend_dev_count": ([], _S),
     "ggml_backend_dev_get": ([_S], _P),
+    "ggml_backend_dev_by_name": ([_C], _P),
     "ggml_backend_dev_name": ([_P], _C),
     "ggml_backend_dev_description": ([_P], _C),
     "ggml_backend_dev_type": ([_P], ctypes.c_int),
@@ -144,14 +147,15 @@ _GGML_SIGNATURES = {
 }
 
 
-def _bind(lib: ctypes.CDLL, signatures: dict) -> ctypes.CDLL:
+def bind(lib: ctypes.CDLL, signatures: dict) -> ctypes.CDLL:
+    """Sets argtypes/restype of every function in `signatures` ({name: (argtypes, restype)})."""
     for name, (argtypes, restype) in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, restype
     return lib
 
 
-def _libname(base: str) -> str:
+def libname(base: str) -> str:
     return {"darwin": f"lib{base}.dylib", "win32": f"{base}.dll"}.get(sys.platform, f"lib{base}.so")
 
 
@@ -207,6 +211,19 @@ def _install_logger(llama_cpp: ModuleType) -> None:
     llama_cpp.llama_log_set(_log, None)
 
 
+def select_backend(name: str | None) -> None:
+    """Ask for the build of one backend (`--backend`) before the library loads; a no-op for None."""
+    if not name:
+        return
+    name = name.strip().lower()
+    if name not in _build.BACKENDS:
+        raise NativeLibraryError(f"--backend {name}: unknown backend; choose one of {', '.join(_build.BACKENDS)}")
+    if _loaded is not None and _loaded.info.get("backend") != name:
+        raise NativeLibraryError(f"--backend {name}: this process already loaded the {_loaded.info.get('backend')} "
+                                 "build; one backend per process")
+    os.environ["DFLASH_GGUF_BACKEND"] = name
+
+
 def load() -> NativeLibrary:
     global _loaded
     if _loaded is not None:
@@ -224,11 +241,11 @@ def load() -> NativeLibrary:
     except (OSError, AttributeError, FileNotFoundError) as e:
         raise NativeLibraryError(f"llama_cpp could not load {lib_dir} ({e}); {BUILD_HINT}") from e
     libllama = llama_cpp.llama_cpp._lib
-    dflash = DFlashAPI(libllama, lib_dir / _libname("llama"))
-    ggml_base = ctypes.CDLL(str(lib_dir / _libname("ggml-base")))
+    dflash = DFlashAPI(libllama, lib_dir / libname("llama"))
+    ggml_base = ctypes.CDLL(str(lib_dir / libname("ggml-base")))
     _install_logger(llama_cpp)
     llama_cpp.llama_backend_init()
-    ggml = _bind(ctypes.CDLL(str(lib_dir / _libname("ggml"))), _GGML_SIGNATURES)
+    ggml = bind(ctypes.CDLL(str(lib_dir / libname("ggml"))), _GGML_SIGNATURES)
     info = json.loads((lib_dir / "build.json").read_text())
     _loaded = NativeLibrary(lib_dir, info, llama_cpp, dflash, ggml_base, ggml)
     return _loaded

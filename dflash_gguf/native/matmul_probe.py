@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .lib import NativeLibrary, _libname
+from .lib import NativeLibrary, bind, libname
 
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
               "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14}
@@ -49,13 +49,6 @@ _CPU = {
 }
 
 
-def _bound(lib: ctypes.CDLL, signatures: dict) -> ctypes.CDLL:
-    for name, (argtypes, restype) in signatures.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, restype
-    return lib
-
-
 class MatmulProbe:
     """Weight matrices of one type (`shapes`: [(n_rows, k)], one tensor each) times F32 activations.
 
@@ -66,8 +59,8 @@ class MatmulProbe:
 
     def __init__(self, native: NativeLibrary, weight_type: str, shapes: list[tuple[int, int]],
                  col_counts: list[int]):
-        self.base = _bound(native.ggml_base, _BASE)
-        self.cpu = _bound(ctypes.CDLL(str(Path(native.lib_dir) / _libname("ggml-cpu"))), _CPU)
+        self.base = bind(native.ggml_base, _BASE)
+        self.cpu = bind(ctypes.CDLL(str(Path(native.lib_dir) / libname("ggml-cpu"))), _CPU)
         self.cpu.ggml_cpu_init()
         self.type = GGML_TYPES[weight_type]
         self.shapes = list(shapes)

@@ -47,6 +47,44 @@ def gpu_free_bytes(native) -> list[int]:
     return out
 
 
+DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "IGPU", 3: "ACCEL"}
+
+
+SOFTWARE_DEVICES = ("llvmpipe", "SwiftShader")     # Vulkan devices that run on the CPU
+
+
+def software_gpus(native) -> list[str]:
+    """Descriptions of the GPU-type devices that are CPU emulations (Mesa's lavapipe): their timings are not GPU
+    timings."""
+    g = native.ggml
+    devs = [g.ggml_backend_dev_get(i) for i in range(g.ggml_backend_dev_count())]
+    return [d for d in (g.ggml_backend_dev_description(x).decode() for x in devs if g.ggml_backend_dev_type(x) in (1, 2))
+            if any(s in d for s in SOFTWARE_DEVICES)]
+
+
+def device_names(native) -> list[str]:
+    g = native.ggml
+    return [g.ggml_backend_dev_name(g.ggml_backend_dev_get(i)).decode() for i in range(g.ggml_backend_dev_count())]
+
+
+def device_array(native, names: Sequence[str]) -> ctypes.Array:
+    """NULL-terminated `ggml_backend_dev_t` list for `llama_model_params.devices` from device names, as
+    llama.cpp's --device takes them ("Vulkan0,Vulkan1"; "none": no device, every layer on the CPU)."""
+    g = native.ggml
+    wanted = [] if list(names) == ["none"] else list(names)
+    devices = []
+    for name in wanted:
+        dev = g.ggml_backend_dev_by_name(name.encode())
+        if not dev:
+            raise OffloadError(f"--device {name}: no such device in this build; it has: "
+                               f"{', '.join(device_names(native)) or 'none'} (or 'none' for the CPU only)")
+        if g.ggml_backend_dev_type(dev) == 0:
+            raise OffloadError(f"--device {name}: a CPU device; layers that are not offloaded already run on the "
+                               "CPU (use --device none to offload nothing)")
+        devices.append(dev)
+    return (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+
+
 def parse_override(spec: str) -> tuple[str, str]:
     """'REGEX=BUFT' → (regex, buft name)."""
     pattern, sep, buft = spec.rpartition("=")

@@ -10,11 +10,13 @@ from typing import Optional
 
 import typer
 
+from ..engine_options import with_engine_options
 from ..errors import RunFailure, SetupError, UserError
 
 
 def register(app: typer.Typer) -> None:
     @app.command(context_settings={"help_option_names": ["-h", "--help"]})
+    @with_engine_options
     def serve(
         model: Optional[str] = typer.Option(None, "-m", "--model",
                                             help="target GGUF, or a name from `dflash-gguf models` "
@@ -32,22 +34,8 @@ def register(app: typer.Typer) -> None:
         max_tokens: Optional[int] = typer.Option(None, "--max-tokens",
                                                  help="default max_tokens when a request sets none "
                                                       "(default: until the context is full)"),
-        ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="context size (default 4096)"),
-        threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads (0 = all)"),
-        n_gpu_layers: Optional[int] = typer.Option(None, "-ngl", "--n-gpu-layers"),
-        fit: bool = typer.Option(False, "--fit", help="choose -ngl / --n-cpu-moe from free VRAM"),
-        draft_max: Optional[int] = typer.Option(None, "--draft-max", help="most draft tokens per verify"),
-        draft_min: Optional[int] = typer.Option(None, "--draft-min"),
-        no_adaptive: bool = typer.Option(False, "--no-adaptive", help="always verify --draft-max tokens"),
-        draft_ctx: Optional[int] = typer.Option(None, "--draft-ctx", help="drafter KV size"),
-        n_cpu_moe: Optional[int] = typer.Option(None, "--n-cpu-moe"),
-        cpu_moe: bool = typer.Option(False, "--cpu-moe"),
-        override_tensor: list[str] = typer.Option([], "-ot", "--override-tensor", help="REGEX=BUFFER_TYPE"),
-        t_mode: Optional[str] = typer.Option(None, "--t-mode", help="T>0 verification: rejection | match"),
-        main_gpu: Optional[int] = typer.Option(None, "-mg", "--main-gpu"),
-        tensor_split: Optional[str] = typer.Option(None, "-ts", "--tensor-split", help="e.g. 3,1"),
-        rpc: Optional[str] = typer.Option(None, "--rpc", help="HOST:PORT,... of ggml rpc-servers"),
         plain: bool = typer.Option(False, "--plain", help="serve without speculation (baseline)"),
+        engine_options: dict = None,
     ):
         """OpenAI-compatible server (chat, completions, models, health) for Jan, LM Studio and any client."""
         try:
@@ -56,7 +44,7 @@ def register(app: typer.Typer) -> None:
             raise SetupError("serve needs the server extra: pip install 'dflash-gguf[server]'") from None
 
         from ..engine.session import Engine, check_inputs, require_native
-        from ..settings import EngineSettings, parse_tensor_split
+        from ..settings import EngineSettings
         from .app import ServerConfig, create_app
         from .worker import EngineWorker
 
@@ -66,18 +54,13 @@ def register(app: typer.Typer) -> None:
             if not chat_template.is_file():
                 raise UserError(f"--chat-template {chat_template}: no such file")
             template = chat_template.read_text(encoding="utf-8", errors="replace")
-        settings = EngineSettings.from_env(
-            target=target, drafter=drafter, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers,
-            fit=fit or None, draft_max=draft_max, draft_min=draft_min, adaptive=False if no_adaptive else None,
-            draft_ctx=draft_ctx, n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe or None,
-            override_tensor=tuple(override_tensor) or None, t_mode=t_mode, main_gpu=main_gpu, rpc=rpc,
-            tensor_split=parse_tensor_split(tensor_split))
+        settings = EngineSettings.from_env(target=target, drafter=drafter, **engine_options)
         if max_tokens is not None and max_tokens < 1:
             raise UserError(f"--max-tokens {max_tokens}: must be >= 1")
         if not 0 < port < 65536:
             raise UserError(f"--port {port}: must be in 1..65535")
         served = check_inputs(settings, speculative=not plain)[0]    # refuse bad files before listening
-        require_native()
+        require_native(settings)
         log = lambda msg: print(f"dflash-gguf serve: {msg}", file=sys.stderr, flush=True)  # noqa: E731
         worker = EngineWorker(lambda: _load_engine(Engine, settings, served, plain), log=log)
         model_id = alias or (target.stem if target else "smollm2-135m-instruct-dflash")

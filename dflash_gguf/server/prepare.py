@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from ..engine.chat import render_chat, supports_thinking
 from ..engine.text import TextStream
+from ..textgen.chat import render_model_chat, supports_thinking
 from .chat_output import THINK_OPEN, OutputSplitter
 from .protocol import BadRequest, ChatRequest, CompletionRequest, Generation
 from .worker import Job
@@ -27,10 +27,7 @@ def chat_job(engine, req: ChatRequest, template_override: str | None,
             raise BadRequest(f"{m.path.name}'s chat template has no thinking switch "
                              "(chat_template_kwargs.enable_thinking)", "chat_template_kwargs", "unsupported_value")
         think = None          # false on a model that cannot think is already true to the request
-    text = render_chat(template, req.messages, tools=req.tools, enable_thinking=think,
-                       bos_token=m.token_bytes(m.bos(), special=True).decode("utf-8", "replace"),
-                       eos_token=m.token_bytes(m.eos(), special=True).decode("utf-8", "replace"),
-                       model_name=m.path.name)
+    text = render_model_chat(m, req.messages, template=template, tools=req.tools, enable_thinking=think)
     opened_think = text.rstrip().endswith(THINK_OPEN)   # R1-style templates open the think block themselves
     splitter = OutputSplitter(thinking=opened_think, parse_reasoning=req.parse_reasoning, tools=bool(req.tools),
                               max_tool_calls=None if req.parallel_tool_calls else 1)

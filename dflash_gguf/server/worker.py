@@ -88,9 +88,6 @@ class EngineWorker:
         self._jobs.put((job, time.perf_counter()))
         return job
 
-    def queue_depth(self) -> int:
-        return self._jobs.qsize()
-
     @property
     def idle(self) -> bool:
         return self.n_finished == self.n_submitted

@@ -1,12 +1,11 @@
 """How often the target writes each token: greedy responses to training prompts, through the native layer.
 
-This chooses a reduced draft vocabulary (draft_vocab.py). The prompts default to the training prompts we
-ship (dflash_gguf/train/data/prompts.jsonl), never the evaluation prompts.
+convert/draft_vocab.py chooses a reduced draft vocabulary from these counts. The prompts default to the first
+training prompt set we ship (corpus.prompts.FIRST_PROMPTS), never the evaluation prompts.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import time
@@ -14,13 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-SHIPPED_PROMPTS = Path(__file__).resolve().parent.parent / "train" / "data" / "prompts.jsonl"
+from ..corpus.prompts import FIRST_PROMPTS, load
 
 
 def load_prompt_rows(files: list[Path]) -> list[dict]:
-    rows = []
-    for f in files or [SHIPPED_PROMPTS]:
-        rows += [json.loads(line) for line in Path(f).read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [r for f in files or [FIRST_PROMPTS] for r in load(Path(f))]
     random.Random(0).shuffle(rows)          # a mix of categories whatever the budget
     return rows
 
@@ -51,18 +48,6 @@ def count_target_tokens(target: Path, rows: list[dict], max_new: int = 128, seco
     print(f"draft vocabulary: counted {int(counts.sum())} tokens of the target's responses to {done} prompts "
           f"({(counts > 0).sum()} distinct)", file=sys.stderr)
     return counts, eog
-
-
-def counted_draft_vocab(target: Path, k: int, prompt_files: list[Path], n_prompts: int,
-                        seconds: float | None = None, n_threads: int = 0):
-    """The `k`-token draft vocabulary of `target`, counted on its responses to `n_prompts` prompts."""
-    from ..convert import draft_vocab as dv  # noqa: PLC0415
-    counts, eog = count_target_tokens(target, load_prompt_rows(prompt_files)[:n_prompts], seconds=seconds,
-                                      n_threads=n_threads)
-    vocab = dv.build(target, counts, k, eog)
-    print(f"draft vocabulary: {vocab.size} tokens cover {dv.coverage(vocab.token_ids, counts):.1%} of the counted "
-          "tokens", file=sys.stderr)
-    return vocab
 
 
 def _eog(model) -> list[int]:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..engine.verify import SlotCounts
+
 
 def leading_correct(right: np.ndarray) -> np.ndarray:
     """[A, n] per-slot hits (False past the end of the span) -> [A] leading hits of each block."""
@@ -22,15 +24,12 @@ def leading_correct(right: np.ndarray) -> np.ndarray:
 class Walk:
     tokens: int = 0                                  # tokens after each span's first
     calls: int = 0                                   # blocks drafted (target calls)
-    tried: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    hits: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    slots: SlotCounts = field(default_factory=SlotCounts)
 
     def add_span(self, runs: np.ndarray, n_slots: int) -> None:
         """runs[i]: leading hits of the block drafted at the span's (i)-th position, for every position but
         the last of the span (len(runs) = span length - 1)."""
-        if len(self.tried) < n_slots:
-            self.tried = np.pad(self.tried, (0, n_slots - len(self.tried)))
-            self.hits = np.pad(self.hits, (0, n_slots - len(self.hits)))
+        self.slots.grow(n_slots)
         p, end = 0, len(runs)
         while p < end:
             k = int(runs[p])
@@ -41,11 +40,7 @@ class Walk:
     def block(self, k: int, n: int) -> None:
         """One drafted block: k leading drafts accepted out of n that could have been (a call; the caller
         counts the tokens, since the last block of a span has no bonus token)."""
-        if len(self.tried) < n:
-            self.tried = np.pad(self.tried, (0, n - len(self.tried)))
-            self.hits = np.pad(self.hits, (0, n - len(self.hits)))
-        self.tried[:min(k + 1, n)] += 1
-        self.hits[:k] += 1
+        self.slots.record(n, k)
         self.calls += 1
 
     @property
@@ -54,4 +49,4 @@ class Walk:
 
     @property
     def slot_accept(self) -> list[float]:
-        return [float(h / t) if t else 0.0 for h, t in zip(self.hits, self.tried)]
+        return self.slots.per_tried()

@@ -9,7 +9,6 @@ import typer
 
 from ..errors import UserError
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts-v2.jsonl.gz"
 
 
 def register(app: typer.Typer) -> None:
@@ -35,6 +34,12 @@ def register(app: typer.Typer) -> None:
         lr: float = typer.Option(8e-4, "--lr"),
         distill: float = typer.Option(0.0, "--distill", help="share of the loss against the target's top-k "
                                       "probabilities kept at harvest time (0: hard labels only)"),
+        tv: float = typer.Option(0.0, "--tv", help="share of the loss that is the total variation to the "
+                                 "target's top-k probabilities (1 - the chance a drafted token is accepted)"),
+        cut_at_first_error: bool = typer.Option(False, "--cut-at-first-error", help="no loss on a block's rows "
+                                                "after the drafter's first wrong slot"),
+        supervised_slots: Optional[int] = typer.Option(None, "--supervised-slots", help="only block slots "
+                                                       "1..N carry loss"),
         short_blocks: float = typer.Option(0.0, "--short-blocks", help="share of training blocks cut to 2..B-1 "
                                            "rows (CPU engines draft n tokens with n+1 rows)"),
         loss_vocab_extra: Optional[int] = typer.Option(
@@ -65,15 +70,21 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force"),
     ):
         """Generate training data with the target itself, train the drafter, export a validated GGUF."""
+        if not 0.0 <= tv <= 1.0 or distill + tv > 1.0:
+            raise UserError(f"--tv {tv}: choose a share between 0 and 1 that, with --distill {distill}, "
+                            "adds up to at most 1")
+        if supervised_slots is not None and not 1 <= supervised_slots < block_size:
+            raise UserError(f"--supervised-slots {supervised_slots}: choose 1..{block_size - 1} "
+                            f"(block size {block_size})")
         from ..engine.session import require_native
         from ..gguf_check import check_target
         check_target(model)            # the shared validation, before torch loads or llama.cpp sees the file
+        from ..corpus.prompts import DEFAULT_PROMPTS, load
         from ..native.build import sha256_file
         from ..paths import cache_root
         from .harvest import HarvestSettings
         from .pipeline import dataset_dir, parse_taps, prompts_sha256, train_drafter
-        from .prompts import load
-        from .target_weights import attention_geometry
+        from ..convert.target_info import read_target
         from .trainer import TrainSettings
         try:
             import torch
@@ -98,10 +109,10 @@ def register(app: typer.Typer) -> None:
         if resume is not None and not (resume / "checkpoint" / "ckpt.pt").is_file():
             raise UserError(f"--resume {resume}: no checkpoint there (expected {resume}/checkpoint/ckpt.pt)")
         try:
-            geometry = attention_geometry(model)
+            n_target_layers = read_target(model).n_layer
         except Exception as e:  # noqa: BLE001 - any parse failure means the same thing to the user
             raise UserError(f"-m {model}: not a readable GGUF target ({type(e).__name__}: {e})") from None
-        tap_ids = parse_taps(taps, geometry["n_layer"])
+        tap_ids = parse_taps(taps, n_target_layers)
         data = data_dir or dataset_dir(sha256_file(model), prompts_sha256(rows_in), seed)
         if init_drafter is not None and not init_drafter.is_file():
             raise UserError(f"--init-drafter {init_drafter}: no such file")
@@ -119,7 +130,8 @@ def register(app: typer.Typer) -> None:
         ngl = n_gpu_layers if n_gpu_layers is not None else (999 if device == "cuda" else 0)
         settings = TrainSettings(n_layers=layers, block_size=block_size, epochs=epochs, rows=rows, lr=lr,
                                  device=device, seed=seed, precision=precision, distill=distill,
-                                 short_blocks=short_blocks,
+                                 tv=tv, cut_at_first_error=cut_at_first_error,
+                                 supervised_slots=supervised_slots, short_blocks=short_blocks,
                                  max_seconds=max_minutes * 60 if max_minutes else None,
                                  loss_vocab_extra=None if loss_vocab_extra < 0 else loss_vocab_extra)
         harvest_settings = HarvestSettings(taps=tap_ids, seed=seed, n_threads=threads, n_parallel=parallel,

@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..engine.sampling import SamplingParams, probs_from_logits, sample
+from ..engine.sampling import SamplingParams, pick
 from ..textgen.prompting import format_prompt, is_completion, next_turn_tokens
 
 
@@ -208,7 +208,7 @@ def harvest(target_path: Path, prompts: list[dict], out: Path, settings: Harvest
             if K:
                 slot.topk_ids.append(ids[i])
                 slot.topk_p.append(p[i])
-            slot.tokens.append(_pick(logits[i], slot.sampling, slot.rng))
+            slot.tokens.append(pick(logits[i], slot.sampling, slot.rng))
 
     def start(seq: int) -> None:
         while queue:
@@ -293,8 +293,3 @@ def harvest(target_path: Path, prompts: list[dict], out: Path, settings: Harvest
     model.close()
     return writer
 
-
-def _pick(logits: np.ndarray, sp: SamplingParams, rng) -> int:
-    if sp.greedy:
-        return int(np.argmax(logits))
-    return sample(probs_from_logits(logits, sp), rng)

@@ -46,22 +46,61 @@ def load_eval_prompts(folder: Path, per_category: int) -> list[dict]:
     return rows
 
 
+class NativeDraftProbe:
+    """Target and drafter through llama.cpp, drafting a full block at any anchor of a target-written sequence
+    from the target's tapped features, injected into the drafter's KV as the engine injects them."""
+
+    N_CTX = 2048
+
+    def __init__(self, target: Path, drafter: Path, n_threads: int = 0):
+        from ..native.wrappers import Batch, Context, ContextSettings, Model  # noqa: PLC0415
+        self.target, self.drafter = Model(target), Model(drafter)
+        self.taps, self.block, self.mask = (self.drafter.target_layer_ids(), self.drafter.block_size(),
+                                            self.drafter.mask_token())
+        self.tctx = Context(self.target, ContextSettings(n_ctx=self.N_CTX, n_batch=512, n_ubatch=512,
+                                                         n_threads=n_threads))
+        self.dctx = Context(self.drafter, ContextSettings(n_ctx=self.N_CTX, n_batch=64, n_ubatch=64,
+                                                          n_threads=n_threads), other=self.tctx)
+        self.dctx.set_causal(False)
+        self.tbatch = Batch(self.target.native, 512)
+        self.ebatch = Batch(self.drafter.native, 64, len(self.taps) * self.target.n_embd)
+        self.bbatch = Batch(self.drafter.native, self.block)
+        self.injected = 0
+
+    def continuation(self, prompt: list[int], max_new: int) -> tuple[list[int], np.ndarray]:
+        """prompt + the target's greedy continuation, and the tapped features [len(seq), k*H] of all of it;
+        the drafter's KV is cleared for a new sequence."""
+        from ..textgen.greedy import greedy_continuation, prefill_features  # noqa: PLC0415
+        seq = prompt + greedy_continuation(self.target, self.tctx, self.tbatch, prompt, max_new)
+        feats = prefill_features(self.tctx, self.tbatch, self.taps, seq)
+        self.dctx.clear()
+        self.injected = 0
+        return seq, feats
+
+    def draft_at(self, seq: list[int], feats: np.ndarray, p: int) -> np.ndarray:
+        """[B-1] greedy drafts for slots 1..B-1 of the block anchored at seq[p]; anchors must not go back."""
+        for i in range(self.injected, p, 64):                        # context: every position before p
+            self.ebatch.set_embd(feats[i:min(p, i + 64)], i, "none")
+            self.dctx.decode(self.ebatch, "feature injection")
+        self.injected = p
+        self.bbatch.set_tokens([seq[p]] + [self.mask] * (self.block - 1), p, "all")
+        self.dctx.decode(self.bbatch, "draft")
+        drafts = np.asarray(self.dctx.logits_all(self.block))[1:].argmax(axis=1)
+        self.dctx.seq_rm(p, -1)                                      # the block's own K/V are never kept
+        return drafts
+
+    def close(self) -> None:
+        for obj in (self.bbatch, self.ebatch, self.tbatch, self.dctx, self.tctx, self.drafter, self.target):
+            obj.close()
+
+
 def measure_tau(drafter: Path, target: Path, prompts: list[dict], max_tokens: int = 128,
                 n_threads: int = 0) -> TauReport:
-    from ..native.wrappers import Batch, Context, ContextSettings, Model  # noqa: PLC0415
-    from ..textgen.greedy import greedy_continuation, prefill_features  # noqa: PLC0415
     from ..textgen.prompting import format_prompt  # noqa: PLC0415
     from .acceptance import Walk  # noqa: PLC0415
 
-    tm, dm = Model(target), Model(drafter)
-    taps, block, mask = dm.target_layer_ids(), dm.block_size(), dm.mask_token()
-    n_ctx = 2048
-    tctx = Context(tm, ContextSettings(n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=n_threads))
-    dctx = Context(dm, ContextSettings(n_ctx=n_ctx, n_batch=64, n_ubatch=64, n_threads=n_threads), other=tctx)
-    dctx.set_causal(False)
-    tbatch = Batch(tm.native, 512)
-    ebatch = Batch(dm.native, 64, len(taps) * tm.n_embd)
-    bbatch = Batch(dm.native, block)
+    probe = NativeDraftProbe(target, drafter, n_threads)
+    block, n_ctx = probe.block, probe.N_CTX
     walk = Walk()
     calls: dict[str, int] = {}
     made: dict[str, int] = {}
@@ -69,20 +108,11 @@ def measure_tau(drafter: Path, target: Path, prompts: list[dict], max_tokens: in
     try:
         for row in prompts:
             cat = row.get("category", "chat")
-            prompt = format_prompt(tm, row)[: n_ctx // 2]
-            seq = prompt + greedy_continuation(tm, tctx, tbatch, prompt, min(max_tokens, n_ctx - len(prompt) - block))
-            feats = prefill_features(tctx, tbatch, taps, seq)                 # [len(seq), k*H]
-            dctx.clear()
-            injected, p, n_calls = 0, len(prompt), 0                   # seq[p]: the newest token, not yet verified
+            prompt = format_prompt(probe.target, row)[: n_ctx // 2]
+            seq, feats = probe.continuation(prompt, min(max_tokens, n_ctx - len(prompt) - block))
+            p, n_calls = len(prompt), 0                                # seq[p]: the newest token, not yet verified
             while p < len(seq) - 1:
-                for i in range(injected, p, 64):                      # context: every position before p
-                    ebatch.set_embd(feats[i:min(p, i + 64)], i, "none")
-                    dctx.decode(ebatch, "feature injection")
-                injected = p
-                bbatch.set_tokens([seq[p]] + [mask] * (block - 1), p, "all")
-                dctx.decode(bbatch, "draft")
-                drafts = np.asarray(dctx.logits_all(block))[1:].argmax(axis=1)        # slots 1..B-1
-                dctx.seq_rm(p, -1)
+                drafts = probe.draft_at(seq, feats, p)
                 n = min(block - 1, len(seq) - 1 - p)
                 right = drafts[:n] == np.asarray(seq[p + 1:p + 1 + n])
                 k = int(np.cumprod(right).sum())
@@ -95,9 +125,7 @@ def measure_tau(drafter: Path, target: Path, prompts: list[dict], max_tokens: in
             per_prompt.append({"id": row.get("id"), "category": cat, "tokens": generated, "calls": n_calls,
                                "tau": round((generated - 1) / n_calls, 3) if n_calls else None})
     finally:
-        for obj in (bbatch, ebatch, tbatch, dctx, tctx, dm, tm):
-            obj.close()
+        probe.close()
     counts = {c: sum(1 for p in per_prompt if p["category"] == c) for c in calls}
     return TauReport({c: made[c] / calls[c] for c in calls if calls[c]}, counts,
                      walk.slot_accept + [0.0] * (block - 1 - len(walk.slot_accept)), per_prompt)
-

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..convert.target_info import TargetInfo, read_target
 from ..drafter.config import DrafterConfig, official_target_layer_ids
 from ..errors import UserError
 from ..native.build import sha256_file as file_sha256
@@ -35,24 +36,13 @@ def parse_taps(spec: str, n_target_layers: int) -> list[int]:
     return taps
 
 
-def drafter_config(geometry: dict, taps: list[int], n_layers: int, block_size: int, mask_token: int) -> DrafterConfig:
+def drafter_config(target: TargetInfo, taps: list[int], n_layers: int, block_size: int) -> DrafterConfig:
     """Same attention/MLP geometry as the target's layers, so draft layers can start as target layers."""
-    return DrafterConfig(hidden_size=geometry["n_embd"], intermediate_size=geometry["n_ff"], n_layers=n_layers,
-                         n_heads=geometry["n_head"], n_kv_heads=geometry["n_head_kv"], head_dim=geometry["head_dim"],
-                         target_layers=taps, block_size=block_size, mask_token_id=mask_token,
-                         vocab_size=geometry["n_vocab"], rms_eps=geometry["rms_eps"], rope_theta=geometry["rope_theta"])
-
-
-def pick_mask_token(target: Path) -> int:
-    """An id the target never emits in text: its dedicated mask token if any, else the unknown token
-    (padding last: it is often the end-of-text token, which does appear as an input)."""
-    import gguf  # noqa: PLC0415
-    r = gguf.GGUFReader(str(target))
-    for key in ("tokenizer.ggml.mask_token_id", "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"):
-        f = r.fields.get(key)
-        if f is not None:
-            return int(f.contents())
-    return 0
+    return DrafterConfig(hidden_size=target.n_embd, intermediate_size=target.n_ff, n_layers=n_layers,
+                         n_heads=target.n_head, n_kv_heads=target.n_head_kv, head_dim=target.head_dim,
+                         target_layers=taps, block_size=block_size, mask_token_id=target.mask_token,
+                         vocab_size=target.n_vocab, rms_eps=target.rms_eps,
+                         rope_theta=target.rope_theta if target.rope_theta is not None else 10000.0)
 
 
 def prompts_sha256(prompts: list[dict]) -> str:
@@ -74,9 +64,9 @@ def build_trainer(target: Path, data, settings: TrainSettings, draft_vocab: int 
     """(Trainer, draft vocabulary or None) for `target` on a harvested dataset; the draft vocabulary, when
     asked for, is the K tokens the target wrote most in the training sequences. `init_drafter`: start from
     the weights of a drafter GGUF of this target (e.g. one trained on a GPU) instead of the target's layers."""
-    from .target_weights import attention_geometry, embedding_and_head, layer_init  # noqa: PLC0415
-    geometry = attention_geometry(target)
-    config = drafter_config(geometry, data.taps, settings.n_layers, settings.block_size, pick_mask_token(target))
+    from .target_weights import embedding_and_head, layer_init  # noqa: PLC0415
+    info = read_target(target)
+    config = drafter_config(info, data.taps, settings.n_layers, settings.block_size)
     embed, head = embedding_and_head(target)
     vocab = None
     if draft_vocab:
@@ -87,11 +77,10 @@ def build_trainer(target: Path, data, settings: TrainSettings, draft_vocab: int 
     init = layer_init(target, max(data.taps), settings.n_layers) if settings.init_from_target else None
     trainer = Trainer(data, config, embed, head, settings, init,
                       draft_vocab=vocab.token_ids if vocab is not None else None)
-    trainer.arch = geometry["arch"]
+    trainer.arch = info.arch
     if init_drafter is not None:
         from ..convert.sources import read_source  # noqa: PLC0415
-        from ..convert.target_info import read_target  # noqa: PLC0415
-        src = read_source(str(init_drafter), read_target(target))
+        src = read_source(str(init_drafter), info)
         trainer.load_weights(src.tensors, str(init_drafter))
         trainer.init_record = init_record(init_drafter, src.train_metadata)
     return trainer, vocab
@@ -108,6 +97,17 @@ def init_record(path: Path, train_metadata: dict) -> dict:
     before["labelled_rows_in_all"] = int(get.get("labelled_rows_in_all", get.get("labelled_rows", 0)))
     before["response_tokens_in_all"] = int(get.get("response_tokens_in_all", get.get("response_tokens", 0)))
     return before
+
+
+def training_record(trainer: Trainer, result) -> dict:
+    """What a training run did and reached (`result`: its last validation), under the names the train record,
+    drafters.json and the GGUF's dflash_gguf.train.* keys use."""
+    return {"steps": trainer.step, "labelled_rows": trainer.rows_seen,
+            "train_seconds": round(trainer.seconds_before, 1),
+            "rows_per_second": round(trainer.rows_seen / max(trainer.seconds_before, 1e-9), 1),
+            "precision": str(trainer.autocast or "float32").removeprefix("torch."),
+            "val_loss": result.loss, "val_tau_estimate": result.tau, "val_anchor_tau": result.anchor_tau,
+            "val_slot_accept": result.slot_accept}
 
 
 def export(trainer: Trainer, target: Path, out: Path, record: dict, vocab=None, *, outtype: str = "q8_0",
@@ -159,13 +159,9 @@ def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, 
     record = {"target": target.name, "target_sha256": target_sha, "taps": taps,
               "train_settings": asdict(train_settings), "harvest_settings": asdict(harvest_settings),
               "dataset": data_dir.name, "sequences": len(data.index), "train_sequences": len(train_ids),
-              "val_sequences": len(val_ids), "response_tokens": data.n_tokens(train_ids), "steps": trainer.step,
-              "labelled_rows": trainer.rows_seen, "train_seconds": round(trainer.seconds_before, 1),
-              "rows_per_second": round(trainer.rows_seen / max(trainer.seconds_before, 1e-9), 1),
-              "precision": str(trainer.autocast or "float32").removeprefix("torch."),
-              "val_loss": result.loss, "val_tau_estimate": result.tau, "val_anchor_tau": result.anchor_tau,
-              "init_drafter": getattr(trainer, "init_record", None),
-              "val_slot_accept": result.slot_accept, "data": data_note}
+              "val_sequences": len(val_ids), "response_tokens": data.n_tokens(train_ids),
+              **training_record(trainer, result),
+              "init_drafter": getattr(trainer, "init_record", None), "data": data_note}
     before = getattr(trainer, "init_record", None)
     if before:                           # counted from the very first drafter of the chain
         record["labelled_rows_in_all"] = before["labelled_rows_in_all"] + trainer.rows_seen

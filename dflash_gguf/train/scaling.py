@@ -50,6 +50,14 @@ def alpha_from_tau(tau: float, block: int = 8) -> float:
     return (lo + hi) / 2
 
 
+def measured(tau, val) -> dict:
+    """A curve point's measurements: engine τ on held-out prompts (a measure.TauReport) and the last
+    validation (walk-counted τ, anchor-averaged τ, loss)."""
+    return {"tau": round(tau.overall, 3), "tau_by_category": {k: round(v, 3) for k, v in tau.by_category.items()},
+            "slot_accept": [round(x, 3) for x in tau.slot_accept], "val_tau": round(val.tau, 3),
+            "val_anchor_tau": round(val.anchor_tau, 3), "val_tau_counted": "walk", "val_loss": round(val.loss, 4)}
+
+
 def best_compute_series(points: list[dict]) -> str:
     """The compute series (training recipe) whose largest run measured the highest engine τ."""
     largest: dict[str, dict] = {}

@@ -14,8 +14,8 @@ _PERMUTED_QK = {"llama", "mistral", "granite"}
 
 
 def _reader(path: Path):
-    import gguf  # noqa: PLC0415
-    return gguf.GGUFReader(str(path))
+    from ..convert.target_info import read_gguf  # noqa: PLC0415
+    return read_gguf(path, "target GGUF")
 
 
 def _tensor(reader, name: str) -> np.ndarray | None:
@@ -42,12 +42,9 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def layer_init(target: Path, first_layer: int, n_layers: int) -> dict[str, np.ndarray]:
     """z-lab-named tensors for draft layers 0..n_layers-1 copied from target layers first_layer.. ."""
-    r = _reader(target)
-    arch = r.fields["general.architecture"].contents()
-    n_head = int(r.fields[f"{arch}.attention.head_count"].contents())
-    kv = r.fields.get(f"{arch}.attention.head_count_kv")
-    n_head_kv = int(kv.contents()) if kv is not None else n_head
-    n_layer = int(r.fields[f"{arch}.block_count"].contents())
+    from ..convert.target_info import read_target  # noqa: PLC0415
+    r, t = _reader(target), read_target(target)
+    arch, n_head, n_head_kv, n_layer = t.arch, t.n_head, t.n_head_kv, t.n_layer
     out = {}
     for i in range(n_layers):
         src = min(first_layer + i, n_layer - 1)
@@ -63,19 +60,3 @@ def layer_init(target: Path, first_layer: int, n_layers: int) -> dict[str, np.nd
         out["norm.weight"] = norm
     return out
 
-
-def attention_geometry(target: Path) -> dict:
-    r = _reader(target)
-    arch = r.fields["general.architecture"].contents()
-
-    def get(key, default=None):
-        f = r.fields.get(f"{arch}.{key}")
-        return f.contents() if f is not None else default
-
-    n_embd, n_head = int(get("embedding_length")), int(get("attention.head_count"))
-    return {"arch": arch, "n_embd": n_embd, "n_layer": int(get("block_count")), "n_head": n_head,
-            "n_head_kv": int(get("attention.head_count_kv", n_head)),
-            "head_dim": int(get("attention.key_length", n_embd // n_head)),
-            "n_ff": int(get("feed_forward_length")), "rope_theta": float(get("rope.freq_base", 10000.0)),
-            "rms_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-            "n_vocab": len(r.fields["tokenizer.ggml.tokens"].data)}

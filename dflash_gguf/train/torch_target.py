@@ -21,23 +21,24 @@ SUPPORTED = {"llama", "mistral"}
 
 
 def hf_llama_from_gguf(target: Path, device: str = "cpu", dtype: str = "float32"):
-    """(transformers LlamaForCausalLM in eval mode, geometry) with the GGUF's weights."""
+    """(transformers LlamaForCausalLM in eval mode, its convert.target_info.TargetInfo) with the GGUF's weights."""
     import torch  # noqa: PLC0415
     from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
 
-    from .target_weights import attention_geometry, embedding_and_head, layer_init  # noqa: PLC0415
-    g = attention_geometry(target)
-    if g["arch"] not in SUPPORTED:
-        raise UserError(f"{target}: a torch target exists for {sorted(SUPPORTED)} only, not {g['arch']}; "
+    from ..convert.target_info import read_target  # noqa: PLC0415
+    from .target_weights import embedding_and_head, layer_init  # noqa: PLC0415
+    g = read_target(target)
+    if g.arch not in SUPPORTED:
+        raise UserError(f"{target}: a torch target exists for {sorted(SUPPORTED)} only, not {g.arch}; "
                         "harvest with llama.cpp instead")
     embed, head = embedding_and_head(target)
-    config = LlamaConfig(vocab_size=g["n_vocab"], hidden_size=g["n_embd"], intermediate_size=g["n_ff"],
-                         num_hidden_layers=g["n_layer"], num_attention_heads=g["n_head"],
-                         num_key_value_heads=g["n_head_kv"], head_dim=g["head_dim"], rms_norm_eps=g["rms_eps"],
-                         rope_theta=g["rope_theta"], max_position_embeddings=8192,
+    config = LlamaConfig(vocab_size=g.n_vocab, hidden_size=g.n_embd, intermediate_size=g.n_ff,
+                         num_hidden_layers=g.n_layer, num_attention_heads=g.n_head,
+                         num_key_value_heads=g.n_head_kv, head_dim=g.head_dim, rms_norm_eps=g.rms_eps,
+                         rope_theta=g.rope_theta if g.rope_theta is not None else 10000.0, max_position_embeddings=8192,
                          tie_word_embeddings=head is embed, attention_bias=False, mlp_bias=False)
     model = LlamaForCausalLM(config)
-    layers = layer_init(target, 0, g["n_layer"])
+    layers = layer_init(target, 0, g.n_layer)
     state = {"model.embed_tokens.weight": embed, "lm_head.weight": head, "model.norm.weight": layers.pop("norm.weight")}
     state |= {f"model.{k}": v for k, v in layers.items()}
     missing, unexpected = model.load_state_dict({k: torch.from_numpy(np.array(v, copy=True)) for k, v in state.items()},
@@ -85,18 +86,15 @@ def torch_harvest(target: Path, prompts: list[dict], prompt_tokens: list[list[in
     """Generate responses in groups of settings.n_parallel prompts (left-padded, one KV cache per group),
     keeping per position the tapped features and the top-K probabilities; resumes by prompt like harvest().
     prompt_tokens[i] is prompts[i] as the target reads it (see pretokenize)."""
-    from ..engine.sampling import SamplingParams, probs_from_logits, sample  # noqa: PLC0415
+    from ..engine.sampling import SamplingParams, pick  # noqa: PLC0415
     model, g = hf_llama_from_gguf(target, device, dtype)
     K, taps = settings.top_k_probs, settings.taps
-    meta = {"target": target.name, "target_arch": g["arch"], "taps": list(taps), "n_embd": g["n_embd"],
+    meta = {"target": target.name, "target_arch": g.arch, "taps": list(taps), "n_embd": g.n_embd,
             "seed": settings.seed, "store_features": True, "top_k_probs": K, "generator": f"torch:{device}:{dtype}",
             "settings": dict(vars(settings))} | (meta_extra or {})
     writer = DatasetWriter(out, meta)
     todo = [i for i in range(len(prompts)) if i not in writer.done]
     t0 = time.time()
-
-    def pick(logits, sp, rng):
-        return int(np.argmax(logits)) if sp.greedy else sample(probs_from_logits(logits, sp), rng)
 
     for g0 in range(0, len(todo), settings.n_parallel):
         if max_seconds is not None and time.time() - t0 >= max_seconds:

@@ -1,9 +1,11 @@
 """The DFlash training objective and loop (dflash-spec.md §3.1), on CPU or CUDA.
 
-Loss: cross-entropy of block slot k (k ≥ 1) against the target's token at anchor+k, weighted
+Loss (objective.py): cross-entropy of block slot k (k ≥ 1) against the target's token at anchor+k, weighted
 exp(-(k-1)/γ) — early slots matter most, since a rejection ends the accepted run. With `distill` > 0,
 that share of the loss is the cross-entropy against the target's own top-K distribution at the same
-position (kept at harvest time) instead of its one token.
+position (kept at harvest time) instead of its one token; with `tv` > 0, that share is the total variation
+to it. `cut_at_first_error` drops the rows after each block's first wrong slot; `supervised_slots` the
+slots past it.
 The target's token embedding and LM head are frozen; only the drafter learns. Training is scheduled by
 labelled rows seen (block rows with a label), so a run can stop and resume anywhere.
 """
@@ -14,13 +16,14 @@ import contextlib
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..drafter.config import DrafterConfig
 from .dataset import FeatureDataset, PackedBlocks
+from .objective import row_losses, rows_up_to_first_error, slot_weights
 from .precision import autocast_dtype_name
 
 
@@ -52,8 +55,10 @@ class TrainSettings:
     # in the data plus N others drawn afresh each step (the frozen LM head is most of the FLOPs on CPU).
     loss_vocab_extra: int | None = None
     distill: float = 0.0                # share of the loss against the target's top-K distribution
+    tv: float = 0.0                     # share of the loss that is the total variation to it
+    cut_at_first_error: bool = False    # no loss on a block's rows after its first wrong slot
+    supervised_slots: int | None = None  # only slots 1..N carry loss
     grow_data: bool = False             # re-read the dataset after each pass (a harvest is still writing it)
-    extra: dict = field(default_factory=dict)
 
     def gamma_value(self) -> float:
         if self.gamma is not None:
@@ -71,12 +76,6 @@ class EvalResult:
     @property
     def tau(self) -> float:
         return 1.0 + self.mean_accepted
-
-
-def slot_weights(block_size: int, gamma: float) -> np.ndarray:
-    w = np.zeros(block_size)
-    w[1:] = np.exp(-(np.arange(1, block_size) - 1) / gamma)
-    return w
 
 
 class Trainer:
@@ -100,7 +99,8 @@ class Trainer:
         self.model = DFlashDrafter(config).to(self.device)
         if settings.init_from_target and target_layers:
             self._init_from_target(target_layers)
-        self.weights = torch.tensor(slot_weights(config.block_size, settings.gamma_value()), dtype=torch.float32,
+        self.weights = torch.tensor(slot_weights(config.block_size, settings.gamma_value(),
+                                                 settings.supervised_slots), dtype=torch.float32,
                                     device=self.device)
         precision = None if settings.precision == "auto" else settings.precision
         cuda_bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
@@ -203,11 +203,10 @@ class Trainer:
         torch = self.torch
         known = labels >= 0                          # a label outside the columns can never be proposed
         w = self.weights[slots] * known
+        if self.s.cut_at_first_error:
+            w = w * rows_up_to_first_error(logits.argmax(-1) == labels, slots)
         logp = torch.log_softmax(logits.float(), dim=-1)
-        hard = -logp.gather(1, labels.clamp(min=0)[:, None])[:, 0]
-        per_row = hard
-        if soft is not None and self.s.distill > 0:
-            per_row = (1 - self.s.distill) * hard + self.s.distill * -(soft * logp).sum(-1)
+        per_row = row_losses(logp, labels, soft, self.s.distill, self.s.tv)
         return (per_row * w).sum() / w.sum().clamp(min=1e-6)
 
     # -- loop -----------------------------------------------------------------------------------
@@ -256,7 +255,7 @@ class Trainer:
             for pb in packs:
                 with self._precision():
                     out = self.forward(pb, vocab)
-                    loss = self.loss(*out, self.teacher(pb, vocab) if self.s.distill else None) / self.s.seqs_per_step
+                    loss = self.loss(*out, self.teacher(pb, vocab) if self.s.distill or self.s.tv else None) / self.s.seqs_per_step
                 loss.backward()
                 total += loss.item()
                 rows += int((pb.slot > 0).sum())

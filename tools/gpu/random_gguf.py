@@ -3,7 +3,7 @@
 
 gguf-py writes an F16 file whose tensors are views of one tiled random block (seconds even for 8B
 parameters), then llama_model_quantize turns it into the requested type and the F16 file is deleted.
-The vocabulary is SentencePiece-style `▁tN` tokens plus the 256 byte tokens, so any text tokenizes.
+The vocabulary is convert/synthetic's (made-up words plus the 256 byte tokens), so any text tokenizes.
 A file already written for the same spec is reused (`<out>.json` records the spec).
 
     python tools/gpu/random_gguf.py --shape qwen3-8b --ftype q4_k_m -o /big/disk/qwen3-8b-random.gguf
@@ -60,33 +60,19 @@ def write_f16(path: Path, g: dict, seed: int = 0) -> int:
     """Write the F16 GGUF; returns the number of parameters."""
     import gguf
 
+    from dflash_gguf.convert.synthetic import add_synthetic_vocab
+    from dflash_gguf.convert.writer import add_decoder_hparams, finish
+
     arch = g["arch"]
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(g["n_layer"])
-    w.add_context_length(32768)
-    w.add_embedding_length(g["n_embd"])
-    w.add_feed_forward_length(g["n_ff"])
-    w.add_head_count(g["n_head"])
-    w.add_head_count_kv(g["n_head_kv"])
-    w.add_key_length(g["head_dim"])
-    w.add_value_length(g["head_dim"])
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1000000.0)
+    add_decoder_hparams(w, n_layer=g["n_layer"], n_ctx=32768, n_embd=g["n_embd"], n_ff=g["n_ff"], n_head=g["n_head"],
+                        n_head_kv=g["n_head_kv"], head_dim=g["head_dim"], rms_eps=1e-6, rope_base=1000000.0)
     w.add_file_type(1)
     if arch == "qwen3moe":
         w.add_expert_count(g["n_expert"])
         w.add_expert_used_count(g["n_expert_used"])
         w.add_expert_feed_forward_length(g["n_ff_exp"])
-    n_words = g["n_vocab"] - 256 - 3
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(["<unk>", "<s>", "</s>"] + [f"\u2581t{i}" for i in range(n_words)]
-                     + [f"<0x{b:02X}>" for b in range(256)])
-    w.add_token_scores([0.0] * g["n_vocab"])
-    w.add_token_types([2, 3, 3] + [1] * n_words + [6] * 256)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
+    add_synthetic_vocab(w, g["n_vocab"] - 256 - 3, byte_tokens=True)
 
     shapes = tensor_shapes(g)
     biggest = max(int(np.prod(s)) for s in shapes.values())
@@ -97,16 +83,13 @@ def write_f16(path: Path, g: dict, seed: int = 0) -> int:
     for name, shape in shapes.items():
         n = int(np.prod(shape))
         w.add_tensor(name, ones[:n] if len(shape) == 1 else pool[:n].reshape(shape))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return sum(int(np.prod(s)) for s in shapes.values())
 
 
 def make(shape: str, ftype: str, out: Path, seed: int = 0) -> dict:
     """The quantized random GGUF at `out` (reused when its spec matches); a JSON-able description."""
-    from dflash_gguf.convert.quantize import llama_quantize
+    from dflash_gguf.native.quantize import llama_quantize
 
     g = SHAPES[shape]
     spec = {"shape": shape, "geometry": g, "ftype": ftype, "seed": seed}

@@ -19,11 +19,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from dflash_gguf.train.commands import DEFAULT_PROMPTS  # noqa: E402
+from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS  # noqa: E402
 from dflash_gguf.train.dataset import FeatureDataset  # noqa: E402
-from dflash_gguf.train.harvest import HarvestSettings  # noqa: E402
-from dflash_gguf.train.pipeline import build_trainer, export, file_sha256, prompts_sha256  # noqa: E402
-from dflash_gguf.train.prompts import load  # noqa: E402
+from dflash_gguf.train import smollm2_recipe as recipe  # noqa: E402
+from dflash_gguf.train.pipeline import (build_trainer, export, file_sha256, prompts_sha256,  # noqa: E402
+                                        training_record)
+from dflash_gguf.corpus.prompts import load  # noqa: E402
 from dflash_gguf.train.refeature import export_tokens  # noqa: E402
 from dflash_gguf.train.torch_target import load_pretokenized, torch_harvest  # noqa: E402
 from dflash_gguf.train.trainer import TrainSettings  # noqa: E402
@@ -48,27 +49,22 @@ tokens, eog = load_pretokenized(a.prompts_npz)
 if len(tokens) < len(prompts) or (a.limit is None and len(tokens) != len(prompts)):
     sys.exit(f"{a.prompts_npz}: {len(tokens)} prompts, the shipped set has {len(prompts)}; rerun prepare_train.py")
 data_dir = a.state / "data"
-harvest = HarvestSettings(taps=[2, 11, 19, 28], n_parallel=a.parallel, seed=1, top_k_probs=8,
-                          max_new={c: a.max_new or n for c, n in (("code", 128), ("math", 160), ("chat", 160))})
+harvest = recipe.harvest_settings(a.max_new, n_parallel=a.parallel)
 w = torch_harvest(a.target, prompts, tokens, eog, data_dir, harvest, device=a.device,
                   dtype="bfloat16" if a.device == "cuda" else "float32", max_seconds=a.harvest_seconds,
                   meta_extra={"target_sha256": file_sha256(a.target), "prompts_sha256": prompts_sha256(prompts)})
 harvest_s = time.time() - t_start
 data = FeatureDataset(data_dir)
-settings = TrainSettings(n_layers=2, block_size=8, rows=a.rows, lr=8e-4, warmup=0.01, anchors_per_seq=96,
-                         seqs_per_step=16, seed=1, device=a.device, max_seconds=a.train_seconds, eval_every=400,
+settings = TrainSettings(n_layers=recipe.N_LAYERS, block_size=recipe.BLOCK_SIZE, rows=a.rows, lr=8e-4, warmup=0.01,
+                         anchors_per_seq=96, seqs_per_step=16, seed=recipe.SEED, device=a.device, max_seconds=a.train_seconds, eval_every=400,
                          eval_seqs=64, ckpt_minutes=2.0, distill=0.0)
-trainer, vocab = build_trainer(a.target, data, settings, draft_vocab=4096)
+trainer, vocab = build_trainer(a.target, data, settings, draft_vocab=recipe.DRAFT_VOCAB)
 ckpt = a.state / "checkpoint"
 if (ckpt / "ckpt.pt").exists():
     trainer.resume(ckpt)
 result = trainer.train(ckpt, progress=False)
 a.out.mkdir(parents=True, exist_ok=True)
-record = {"target": a.target.name, "labelled_rows": trainer.rows_seen, "steps": trainer.step,
-          "train_seconds": round(trainer.seconds_before, 1),
-          "rows_per_second": round(trainer.rows_seen / max(trainer.seconds_before, 1e-9), 1),
-          "precision": str(trainer.autocast or "float32").removeprefix("torch."),
-          "val_tau_estimate": result.tau, "val_slot_accept": result.slot_accept, "val_loss": result.loss,
+record = {"target": a.target.name, **training_record(trainer, result),
           "sequences": len(data.index), "response_tokens": data.n_tokens(list(range(len(data.index)))),
           "harvest_this_call": {"seconds": round(harvest_s, 1), "response_tokens": w.n_response_written,
                                 "response_tok_s": round(w.n_response_written / max(harvest_s, 1e-9), 1)},

@@ -16,7 +16,7 @@ def llama_quantize(src: Path, dst: Path, ftype: str, *, allow_requantize: bool =
     """Write `src` at `ftype` to `dst` through a sibling temp file; nothing is left behind on failure."""
     if ftype not in FTYPES:
         raise UserError(f"unknown precision {ftype!r}; choose one of {', '.join(FTYPES)}")
-    from ..native.lib import load  # noqa: PLC0415
+    from .lib import load  # noqa: PLC0415
     L = load().llama_cpp
     params = L.llama_model_quantize_default_params()
     params.ftype = FTYPES[ftype]

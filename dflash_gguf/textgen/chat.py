@@ -41,6 +41,16 @@ def render_chat(template: str | None, messages: Sequence[dict[str, Any]], *, bos
         raise ChatTemplateError(f"{model_name}: rendering the chat template failed: {e}") from e
 
 
+def render_model_chat(model, messages: Sequence[dict[str, Any]], *, template: str | None = None,
+                      add_generation_prompt: bool = True, enable_thinking: bool | None = None,
+                      tools: list | None = None) -> str:
+    """`messages` through `template` (default: the model's own), with the model's BOS/EOS text."""
+    special = lambda t: model.token_bytes(t, special=True).decode("utf-8", "replace")  # noqa: E731
+    return render_chat(template or model.chat_template(), messages, bos_token=special(model.bos()),
+                       eos_token=special(model.eos()), add_generation_prompt=add_generation_prompt,
+                       enable_thinking=enable_thinking, tools=tools, model_name=model.path.name)
+
+
 def supports_thinking(template: str | None) -> bool:
     return bool(template) and "enable_thinking" in template
 
