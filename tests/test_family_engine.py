@@ -74,44 +74,34 @@ def test_greedy_equals_plain_on_smollm2(target, drafters, kind):
     print(f"{kind}: tau {generated / calls:.3f}, accepted {accepted}/{drafted}")
 
 
-def _exact_marginals(target: Target, prompt: list[int], sampling: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
-    """P(t1) = Σ_t0 p(t0) p(t1 | t0) and P(t2) = Σ_t0,t1 p(t0) p(t1 | t0) p(t2 | t0, t1), from the target's
-    logits (everything conditioned on the prompt)."""
+def _exact_second_token_marginal(target: Target, prompt: list[int], sampling: SamplingParams) -> np.ndarray:
+    """P(t1) = Σ_t0 p(t0 | prompt) p(t1 | prompt, t0), from the target's logits."""
     target.reset()
     p0 = probs_from_logits(target.prefill(prompt, None), sampling)
-    m1, m2 = np.zeros_like(p0), np.zeros_like(p0)
+    marginal = np.zeros_like(p0)
     for t0 in np.nonzero(p0)[0]:
-        p1 = probs_from_logits(np.array(target.decode_rows([int(t0)])[0]), sampling)
+        marginal += p0[t0] * probs_from_logits(np.array(target.decode_rows([int(t0)])[0]), sampling)
         target.keep(0, 1)
-        m1 += p0[t0] * p1
-        for t1 in np.nonzero(p1)[0]:
-            p2 = probs_from_logits(np.array(target.decode_rows([int(t0), int(t1)])[1]), sampling)
-            target.keep(0, 2)
-            m2 += p0[t0] * p1[t1] * p2
-    return m1, m2
+    return marginal
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,t_mode", [("dflash2", "rejection"), ("dflash2", "match"),
                                          ("dspark", "rejection"), ("dspark", "match")])
 def test_sampling_distribution_equals_plain_on_smollm2(target, drafters, kind, t_mode):
-    """The second and third generated tokens follow the exact marginals. Both come out of the first
-    speculative step when its first draft is accepted, so the third checks the q of a slot drawn after an
-    earlier draw (the DFlash2 walk's successor given the sampled predecessor)."""
+    """The second generated token (drafted and verified speculatively) follows the exact marginal."""
     drafter = open_drafter(Model(drafters[kind]), target.ctx, SETTINGS, target.model)
     sampling = SamplingParams(temperature=1.0, top_k=8)
     prompt = target.model.tokenize("The capital of France is", add_special=False)
-    expected1, expected2 = _exact_marginals(target, prompt, sampling)
+    expected = _exact_second_token_marginal(target, prompt, sampling)
     spec = SpecDecoder(target, drafter, DraftLengthPolicy(3, adaptive=False), t_mode=t_mode)
-    counts1, counts2 = np.zeros_like(expected1), np.zeros_like(expected2)
+    counts = np.zeros_like(expected)
     n_accepted = 0
     for seed in range(800):
         # 5 tokens: the loop drafts at most max_tokens - len(tokens) - 1, so 2 would leave a plain step
         res = spec.generate(prompt, 5, SamplingParams(1.0, 8, seed=seed), stop_tokens=_never_stop)
         assert res.n_drafted > 0
         n_accepted += res.n_accepted
-        counts1[res.tokens[1]] += 1
-        counts2[res.tokens[2]] += 1
+        counts[res.tokens[1]] += 1
     assert n_accepted > 0                       # the accept path ran, not only rejections
-    assert_same_distribution(counts1, expected1)
-    assert_same_distribution(counts2, expected2)
+    assert_same_distribution(counts, expected)
