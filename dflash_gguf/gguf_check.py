@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import gguf_family
 from .errors import UserError
 
 VERSIONS = (2, 3)                   # what llama.cpp's gguf.cpp reads
@@ -42,7 +43,7 @@ REMOVED_TYPES = {4: "Q4_2", 5: "Q4_3", 31: "Q4_0_4_4", 32: "Q4_0_4_8", 33: "Q4_0
                  36: "IQ4_NL_4_4", 37: "IQ4_NL_4_8", 38: "IQ4_NL_8_8"}
 DRAFTER_ARCH = "dflash"
 # drafter architectures of other projects: `dflash-gguf convert` turns them into DRAFTER_ARCH
-FOREIGN_DRAFTER_ARCHS = ("dflash-draft", "qwen35-dflash-draft", "gemma4-dflash-draft")
+FOREIGN_DRAFTER_ARCHS = ("dflash-draft", "qwen35-dflash-draft", "gemma4-dflash-draft", "dspark")
 
 # GGUF value type → (struct format, size); 8 = string, 9 = array
 _SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
@@ -439,9 +440,59 @@ def check_drafter(path: str | Path, target: str | Path | None = None) -> GGUFHea
              what="convert it again with dflash-gguf convert")
     _int_key(h, "tokenizer.ggml.mask_token_id", 0, 1 << 31, required=True,
              what="a drafter needs its mask token: convert it again with dflash-gguf convert")
+    check_family(h)
     if target is not None:
         check_fits(h, check_target(target))
     return h
+
+
+def drafter_member(h: GGUFHeader) -> str:
+    """DFlash, DFlash2 or DSpark (gguf_family.MARKERS); raises BadModelFile for a file claiming two."""
+    try:
+        return gguf_family.member_of({t.name for t in h.tensors})
+    except ValueError as e:
+        raise BadModelFile(f"{h.path}: {e}; {_DAMAGED}") from None
+
+
+def check_family(h: GGUFHeader) -> str:
+    """The keys and tensor shapes of the member `h` is (what llama.cpp throws on or reads unchecked)."""
+    member = drafter_member(h)
+    dims = {t.name: gguf_family.squeeze(t.dims) for t in h.tensors}
+    n_embd = int(h.value(f"{DRAFTER_ARCH}.embedding_length"))
+    n_layer = int(h.value(f"{DRAFTER_ARCH}.block_count"))
+    d2t = dims.get("d2t")
+    n_vocab = d2t[0] if d2t else h.n_vocab()
+    if member == gguf_family.DFLASH2:
+        keys = [_int_key(h, f"{DRAFTER_ARCH}.{k}", 0, 1 << 20, required=True,
+                         what="a DFlash2 drafter needs it (its selector tensors are present); convert it again "
+                              "with dflash-gguf convert") for k in gguf_family.DFLASH2_KEYS]
+        problems = gguf_family.dflash2_problems(n_embd, *keys)
+        if problems:
+            raise BadModelFile(f"{h.path}: DFlash2 settings llama.cpp refuses: {'; '.join(problems)}; {_DAMAGED}")
+        kernel, group, rank, _ = keys
+        want = gguf_family.dflash2_shapes(n_embd, n_vocab or dims["selector_successor.weight"][-1], n_layer,
+                                          kernel, group, rank)
+    elif member == gguf_family.DSPARK:
+        rank = dims["markov_w1.weight"][0]
+        want = gguf_family.dspark_shapes(n_embd, n_vocab or dims["markov_w1.weight"][-1], rank,
+                                         "conf_proj.weight" in dims, "markov_w2.scale" in dims)
+        if "conf_proj.bias" not in dims:
+            want.pop("conf_proj.bias", None)
+        sfa = h.fields.get(gguf_family.SAMPLE_FROM_ANCHOR_KEY)
+        if sfa is not None and (len(sfa.types) != 1 or sfa.types[0].value not in (7, _STRING)
+                                or str(sfa.value).lower() not in ("true", "false")):
+            raise BadModelFile(f"{h.path}: {gguf_family.SAMPLE_FROM_ANCHOR_KEY} must be true or false; {_DAMAGED}")
+    else:
+        return member
+    missing = sorted(n for n in want if n not in dims)
+    if missing:
+        raise BadModelFile(f"{h.path}: a {member} drafter without {', '.join(missing[:4])}; {_DAMAGED}")
+    wrong = [f"{n} {list(dims[n])} (expected {list(gguf_family.squeeze(s))})" for n, s in want.items()
+             if dims[n] != gguf_family.squeeze(s)]
+    if wrong:
+        raise BadModelFile(f"{h.path}: {member} tensor shapes do not fit its settings: {'; '.join(wrong[:3])}; "
+                           f"{_DAMAGED}")
+    return member
 
 
 def fit_problems(n_embd: int, taps: list[int], mask_token: int, n_vocab: int | None,

@@ -64,7 +64,7 @@ class OracleDrafter:
         self.injected.append((pos0, features.shape[0]))
         self.n_pos = pos0 + features.shape[0]
 
-    def draft(self, last_token: int, pos: int, n: int, want_logits: bool) -> Proposal:
+    def draft(self, last_token: int, pos: int, n: int, want_logits: bool, pick=None) -> Proposal:
         toks = []
         for i in range(n):
             j = pos + 1 + i

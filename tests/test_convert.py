@@ -109,7 +109,7 @@ def test_other_drafter_designs_are_refused(tmp_path, target, upstream, marker, w
     # upstream's own schema loads a d2t vocabulary (tests/test_draft_vocab.py); the forks' d2t designs differ
     up = next(f for f in FLAVOURS if f.name == ("dflash-draft" if marker == "d2t" else "upstream"))
     bad = write_flavoured_gguf(upstream, tmp_path / "x.gguf", up, extra_keys={marker: 1})
-    with pytest.raises(UserError, match="only DFlash v1 drafters"):
+    with pytest.raises(UserError, match="only DFlash, DFlash2 and DSpark drafters"):
         read_source(str(bad), read_target(target))
 
 

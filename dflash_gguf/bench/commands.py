@@ -85,6 +85,7 @@ def register(app: typer.Typer) -> None:
             per_n = {n: (start.t_draft_n[n] + end.t_draft_n[n]) / 2 for n in start.t_draft_n} if short else None
             report = {
                 "target": str(engine.target_model.path), "drafter": str(engine.drafter_model.path),
+                "drafter_member": engine.drafter.member,
                 "prompt_files": [str(p) for p in prompts], "prompts": len(bench_prompts),
                 "per_category": {c: sum(p.category == c for p in bench_prompts)
                                  for c in dict.fromkeys(p.category for p in bench_prompts)},

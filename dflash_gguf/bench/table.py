@@ -20,7 +20,7 @@ def _spread(s: dict | None, nd=2) -> str:
 
 
 def render(report: dict) -> str:
-    lines = [f"target {report['target']}", f"drafter {report['drafter']}",
+    lines = [f"target {report['target']}", f"drafter {report['drafter']} ({report.get('drafter_member', 'DFlash')})",
              f"{report['prompts']} prompts {report['per_category']}, -n {report['n_predict']}, "
              f"repeat {report['repeat']}, threads {report['threads']}, -ngl {report['n_gpu_layers']}, "
              f"draft-max {report['draft_max']}{' adaptive' if report['adaptive'] else ''}",

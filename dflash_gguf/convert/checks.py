@@ -6,9 +6,11 @@ import math
 
 import numpy as np
 
+from .. import gguf_family
 from ..drafter.config import DrafterConfig
 from ..errors import UserError
 from ..gguf_check import fit_problems as shared_fit_problems
+from .names import hf_tensor_name
 from .normalized import same_model_name
 from .target_info import TargetInfo
 
@@ -30,6 +32,9 @@ def fit_problems(config: DrafterConfig, target: TargetInfo) -> list[str]:
         problems.append(f"block size {c.block_size} leaves no slot to draft (needs >= 2)")
     if not c.target_layers:
         problems.append("no target layers")
+    if c.family == gguf_family.DFLASH2:
+        problems += gguf_family.dflash2_problems(c.hidden_size, c.conv_kernel_size or 0, c.conv_group_size or 0,
+                                                 c.selector_rank or 0, c.selector_top_k or 0)
     return problems
 
 
@@ -56,8 +61,21 @@ def fit_warnings(config: DrafterConfig, target: TargetInfo, trained_for: str | N
     return warnings
 
 
-def expected_shapes(c: DrafterConfig) -> dict[str, tuple[int, ...]]:
-    """z-lab name → torch shape [out, in] for every tensor a drafter of this configuration has."""
+def family_shapes(c: DrafterConfig, n_vocab: int) -> dict[str, tuple[int, ...]]:
+    """z-lab name → torch shape of every tensor the family member `c` adds to DFlash (gguf_family's tables)."""
+    if c.family == gguf_family.DFLASH2:
+        ne = gguf_family.dflash2_shapes(c.hidden_size, n_vocab, c.n_layers, c.conv_kernel_size, c.conv_group_size,
+                                        c.selector_rank)
+    elif c.family == gguf_family.DSPARK:
+        ne = gguf_family.dspark_shapes(c.hidden_size, n_vocab, c.markov_rank, c.confidence_head)
+    else:
+        return {}
+    return {hf_tensor_name(name): tuple(reversed(shape)) for name, shape in ne.items()}
+
+
+def expected_shapes(c: DrafterConfig, n_vocab: int | None = None) -> dict[str, tuple[int, ...]]:
+    """z-lab name → torch shape [out, in] for every tensor a drafter of this configuration has
+    (n_vocab: the vocabulary the family's extra heads span; default the config's)."""
     qdim, kvdim, H, I = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.hidden_size, c.intermediate_size
     want = {"fc.weight": (H, c.n_taps * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
     for i in range(c.n_layers):
@@ -68,18 +86,19 @@ def expected_shapes(c: DrafterConfig) -> dict[str, tuple[int, ...]]:
                  p + "self_attn.q_norm.weight": (c.head_dim,), p + "self_attn.k_norm.weight": (c.head_dim,),
                  p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
                  p + "mlp.down_proj.weight": (H, I)}
-    return want
+    return want | family_shapes(c, n_vocab or c.vocab_size)
 
 
-def check_shapes(tensors: dict[str, np.ndarray], config: DrafterConfig, source: str) -> None:
-    want = expected_shapes(config)
+def check_shapes(tensors: dict[str, np.ndarray], config: DrafterConfig, source: str,
+                 n_vocab: int | None = None) -> None:
+    want = expected_shapes(config, n_vocab)
     missing = sorted(set(want) - set(tensors))
     if missing:
         raise ConvertError(f"{source}: missing tensors {missing[:6]}{' …' if len(missing) > 6 else ''}; "
                            "is this a complete DFlash drafter checkpoint?")
     unexpected = sorted(set(tensors) - set(want))
     if unexpected:
-        raise ConvertError(f"{source}: tensors a DFlash v1 drafter does not have: {unexpected[:6]}"
+        raise ConvertError(f"{source}: tensors a {config.family} drafter does not have: {unexpected[:6]}"
                            f"{' …' if len(unexpected) > 6 else ''}; this drafter variant is not supported")
     wrong = [f"{n} {tuple(tensors[n].shape)} (expected {s})" for n, s in want.items() if tuple(tensors[n].shape) != s]
     if wrong:

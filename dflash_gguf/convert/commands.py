@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
             from .draft_vocab import counted
             vocab = counted(target, draft_vocab, vocab_prompts, vocab_samples, vocab_seconds, threads)
         write_dflash_gguf(source.tensors, source.config, target, out, outtype=outtype, force=force,
-                          name=f"{tinfo.name} DFlash drafter", source=source.description,
+                          name=f"{tinfo.name} {source.config.family} drafter", source=source.description,
                           extra_metadata={**source.train_metadata, "dflash_gguf.converted_from": source.description},
                           draft_vocab=vocab)
         typer.echo(out)

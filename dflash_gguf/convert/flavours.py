@@ -59,13 +59,14 @@ FLAVOURS = (
             ("gemma4-dflash-draft.dflash.target_layer_ids",), True, ("gemma4-dflash-draft.dflash.block_size",),
             ("gemma4-dflash-draft.dflash.mask_token_id", "tokenizer.ggml.mask_token_id"),
             global_aliases=_LUCEBOX_TENSORS),
+    Flavour("dspark", "dspark", "early DSpark converters (before upstream moved DSpark to arch dflash)",
+            ("dspark.target_layers",), False, ("dspark.block_size",),
+            ("tokenizer.ggml.mask_token_id", "dspark.mask_token_id")),
 )
 
 # drafters of other designs that share an architecture string: (metadata key or tensor name, what it is)
 UNSUPPORTED = (
     ("dflash.hyper_connection.count", "a DeepSeek-V4 DSpark drafter (hyper-connection MoE stages)"),
-    ("dflash.selector_rank", "a DFlash 2 drafter (dynamic convolutions + candidate selector)"),
-    ("markov_w1.weight", "a DSpark drafter (Markov + confidence heads)"),
     ("d2t", "a reduced-vocabulary drafter with its own LM head (d2t mapping)"),
     ("dflash-draft.dflash.laguna", "a Laguna DFlash drafter (per-tap norms, gated attention)"),
 )
@@ -81,8 +82,8 @@ def detect_flavour(path: Path) -> Flavour:
         if marker == "d2t" and arch == "dflash":     # upstream's own schema: a reduced vocabulary it loads
             continue
         if marker in r.fields or marker in tensor_names:
-            raise UserError(f"{path}: {what}; only DFlash v1 drafters (fc + hidden_norm + dense layers) "
-                            "are supported")
+            raise UserError(f"{path}: {what}; only DFlash, DFlash2 and DSpark drafters (fc + hidden_norm + "
+                            "dense layers) are supported")
     for flavour in FLAVOURS:
         if flavour.arch == arch and (flavour.marker is None or flavour.marker in r.fields):
             return flavour
@@ -144,8 +145,10 @@ def normalize_gguf(path: Path, flavour: Flavour, target: TargetInfo | None,
     big = load_tensors and sum(int(t.n_elements) for t in r.tensors) > 50_000_000
     by_name = {t.name: t for t in r.tensors}
     draft_vocab = _draft_vocab(by_name, target, path) if "d2t" in by_name and load_tensors else None
+    if "d2t" in by_name and "markov_w1.weight" in by_name:
+        raise UserError(f"{path}: a DSpark drafter with a reduced draft vocabulary (d2t) is not supported")
     for t in tqdm(r.tensors, desc=f"reading {path.name}", unit="tensor", disable=not big):
-        if t.name == "d2t" or (t.name == "output.weight" and "d2t" in by_name):
+        if t.name == "d2t" or (t.name == "output.weight" and "d2t" in by_name) or t.name == "markov_w2.scale":
             continue
         if t.name in _BORROWED:
             notes.append(f"dropped {t.name}: the drafter borrows the target's")
@@ -164,6 +167,10 @@ def normalize_gguf(path: Path, flavour: Flavour, target: TargetInfo | None,
             continue
         arr = gguf.quants.dequantize(t.data, t.tensor_type)
         tensors[name] = np.asarray(arr, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
+    if "markov_w2.scale" in by_name and load_tensors:     # a per-tensor scale: fold it into W2
+        scale = float(np.asarray(by_name["markov_w2.scale"].data, dtype=np.float32).reshape(-1)[0])
+        tensors["markov_head.markov_w2.weight"] *= scale
+        notes.append(f"markov_w2.scale {scale:g} folded into markov_w2")
     extra, hp_notes = read_hparams(lambda s: get(s), n_layers, head_dim, str(path))
     notes += hp_notes
     try:
@@ -175,6 +182,20 @@ def normalize_gguf(path: Path, flavour: Flavour, target: TargetInfo | None,
             vocab_size=target.n_vocab if target else 0,
             rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(get("rope.freq_base", 10000.0)), **extra)
+        if "markov_w1.weight" in by_name:
+            config.markov_rank = int(by_name["markov_w1.weight"].shape[0])
+            config.confidence_head = "conf_proj.weight" in by_name
+            if config.sample_from_anchor is None:
+                config.sample_from_anchor = True       # upstream's default when the key is absent
+        if config.family == "DFlash2":
+            missing = [k for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+                       if getattr(config, k) is None]
+            if missing:
+                raise UserError(f"{path}: a DFlash2 drafter (selector tensors) without {', '.join(missing)} in its "
+                                "metadata; convert it from its HF checkpoint")
+        elif "selector_hidden.weight" in by_name:
+            raise UserError(f"{path}: a DFlash2 drafter (selector tensors) without its "
+                            f"{flavour.arch}.selector_rank key; convert it from its HF checkpoint")
     except (ValueError, TypeError) as e:
         raise UserError(f"{path}: inconsistent drafter metadata: {e}") from e
     ours = r.fields.get("dflash_gguf.target.name")

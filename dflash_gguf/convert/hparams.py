@@ -19,6 +19,14 @@ SCALAR_KEYS = {
     "logit_scale": "logit_scale",
     "final_logit_softcapping": "final_logit_softcapping",
 }
+# DFlash2: DrafterConfig field → GGUF key suffix (uint32; llama.cpp needs all four with the selector)
+FAMILY_KEYS = {
+    "conv_kernel_size": "conv_kernel_size",
+    "conv_group_size": "conv_group_size",
+    "selector_rank": "selector_rank",
+    "selector_top_k": "selector_top_k",
+}
+SAMPLE_FROM_ANCHOR = "sample_from_anchor"       # DSpark: bool, absent = true upstream
 # HF yarn field → GGUF key suffix
 YARN_KEYS = {
     "original_max_position_embeddings": "rope.scaling.original_context_length",
@@ -78,6 +86,12 @@ def write_hparams(w, arch: str, c: DrafterConfig) -> None:
         value = getattr(c, field)
         if value is not None:
             w.add_float32(f"{arch}.{suffix}", float(value))
+    for field, suffix in FAMILY_KEYS.items():
+        value = getattr(c, field)
+        if value is not None:
+            w.add_uint32(f"{arch}.{suffix}", int(value))
+    if c.sample_from_anchor is not None:
+        w.add_bool(f"{arch}.{SAMPLE_FROM_ANCHOR}", bool(c.sample_from_anchor))
 
 
 def read_hparams(get: Callable[[str], Any], n_layers: int, head_dim: int, where: str) -> tuple[dict, list[str]]:
@@ -89,6 +103,10 @@ def read_hparams(get: Callable[[str], Any], n_layers: int, head_dim: int, where:
             raise UserError(f"{where}: {suffix} is set; drafters with attention scales are not supported")
     kwargs: dict[str, Any] = {field: (float(get(suffix)) if get(suffix) is not None else None)
                               for field, suffix in SCALAR_KEYS.items()}
+    kwargs |= {field: int(get(suffix)) for field, suffix in FAMILY_KEYS.items() if get(suffix) is not None}
+    anchor = get(SAMPLE_FROM_ANCHOR)
+    if anchor is not None:
+        kwargs["sample_from_anchor"] = str(anchor).lower() == "true"
     n_rot = get("rope.dimension_count")
     if n_rot is not None and int(n_rot) != head_dim:
         raise UserError(f"{where}: partial rotary embedding (rope.dimension_count {n_rot} < head dim {head_dim}) "

@@ -9,6 +9,15 @@ GLOBAL_NAMES = {
     "fc.weight": "fc.weight",
     "hidden_norm.weight": "enc.output_norm.weight",
     "norm.weight": "output_norm.weight",
+    # DFlash2 candidate selector (z-lab: the codebooks are parameters, no ".weight")
+    "candidate_selector.predecessor_codebook": "selector_predecessor.weight",
+    "candidate_selector.successor_codebook": "selector_successor.weight",
+    "candidate_selector.hidden_projection.weight": "selector_hidden.weight",
+    # DSpark Markov and confidence heads (DeepSpec)
+    "markov_head.markov_w1.weight": "markov_w1.weight",
+    "markov_head.markov_w2.weight": "markov_w2.weight",
+    "confidence_head.proj.weight": "conf_proj.weight",
+    "confidence_head.proj.bias": "conf_proj.bias",
 }
 
 # per-layer tensors: z-lab suffix after "layers.N." → GGUF suffix after "blk.N."
@@ -24,6 +33,11 @@ LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    # DFlash2 dynamic convolutions (the base kernels have no ".weight" upstream either)
+    "attention_conv.base_kernel": "attn_conv_base",
+    "attention_conv.kernel_projection.weight": "attn_conv_proj.weight",
+    "mlp_conv.base_kernel": "ffn_conv_base",
+    "mlp_conv.kernel_projection.weight": "ffn_conv_proj.weight",
 }
 
 _HF_GLOBAL = {v: k for k, v in GLOBAL_NAMES.items()}

@@ -20,9 +20,10 @@ from .target_info import TargetInfo
 
 # z-lab config features this converter cannot represent: (test on the config, what to say)
 _REFUSED = (
-    (lambda hf, d: d("conv_kernel_size") or d("selector_rank") or "DFlash2" in str(hf.get("architectures")),
-     "a DFlash 2 drafter (dynamic convolutions + selector); only DFlash v1 is supported"),
-    (lambda hf, d: "DSpark" in str(hf.get("architectures")), "a DSpark drafter (Markov head); only DFlash v1 is supported"),
+    (lambda hf, d: d("markov_head_type", "vanilla") != "vanilla",
+     "a DSpark drafter with a gated/rnn Markov head; only the vanilla (low-rank) head runs in llama.cpp"),
+    (lambda hf, d: d("enable_confidence_head") and d("confidence_head_with_markov") is False,
+     "a DSpark confidence head without the Markov input is not supported (llama.cpp reads [hidden; W1[prev]])"),
     (lambda hf, d: d("attention_value_scale") is not None or d("attention_scale") is not None,
      "attention (value) scales are not supported"),
     (lambda hf, d: hf.get("attention_bias"), "attention biases (attention_bias=true) are not supported"),
@@ -32,6 +33,14 @@ _REFUSED = (
                                                                  hf.get("partial_rotary_factor", 1.0))) != 1.0,
      "partial rotary embeddings are not supported"),
 )
+
+
+def is_dflash2(hf: dict) -> bool:
+    return "DFlash2" in str(hf.get("architectures")) or _cfg(hf, "selector_rank") is not None
+
+
+def is_dspark(hf: dict) -> bool:
+    return "DSpark" in str(hf.get("architectures")) or _cfg(hf, "markov_rank") is not None
 
 
 def _cfg(hf: dict, key: str, default=None):
@@ -62,7 +71,7 @@ def read_zlab_folder(folder: Path, target: TargetInfo, block_size: int | None = 
     if "dflash_config" not in hf and "block_size" not in hf:
         raise UserError(f"{cfg_path}: no dflash_config / block_size: this is not a DFlash drafter config")
     for refused, why in _REFUSED:
-        if refused(hf, lambda k: _cfg(hf, k)):
+        if refused(hf, lambda k, default=None: _cfg(hf, k, default)):
             raise UserError(f"{folder}: {why}")
     if (folder / "mask_embedding.pt").exists():
         raise UserError(f"{folder}: ships its own mask embedding (mask_embedding.pt), which needs the drafter to "
@@ -78,6 +87,7 @@ def read_zlab_folder(folder: Path, target: TargetInfo, block_size: int | None = 
         tensors.pop(k)
     if extra:
         notes.append(f"dropped {extra}: the drafter borrows the target's embedding and head")
+    _family_from_hf(hf, tensors, config, notes, cfg_path)
     label = name or folder.name
     return DrafterSource(config, tensors, f"z-lab folder {folder}", notes,
                          trained_for=target_from_drafter_name(label),
@@ -116,6 +126,35 @@ def _config_from_hf(hf: dict, cfg_path: Path, target: TargetInfo, block_size: in
         logit_scale=_float_or_none(_cfg(hf, "output_multiplier")),
         final_logit_softcapping=_float_or_none(_cfg(hf, "final_logit_softcapping")) or None)
     return config, (int(n_target) if n_target else None)
+
+
+def _family_from_hf(hf: dict, tensors: dict, config: DrafterConfig, notes: list[str], cfg_path: Path) -> None:
+    """Fill the DFlash2 / DSpark settings of `config` from the config (or, where it is silent, the tensors)."""
+    if is_dflash2(hf):
+        base = tensors.get("layers.0.attention_conv.base_kernel")
+        book = tensors.get("candidate_selector.hidden_projection.weight")
+        if base is None or book is None:
+            raise UserError(f"{cfg_path}: a DFlash2 config, but model.safetensors has no attention_conv / "
+                            "candidate_selector tensors; the checkpoint is incomplete")
+        kernel = int(_cfg(hf, "conv_kernel_size") or base.shape[1])
+        proj = tensors["layers.0.attention_conv.kernel_projection.weight"].shape[0]
+        config.conv_kernel_size = kernel
+        config.conv_group_size = int(_cfg(hf, "conv_group_size") or config.hidden_size * 2 * kernel // proj)
+        config.selector_rank = int(_cfg(hf, "selector_rank") or book.shape[0])
+        config.selector_top_k = int(_cfg(hf, "selector_top_k") or 16)
+        notes.append(f"DFlash2: conv kernel {config.conv_kernel_size}, group {config.conv_group_size}, "
+                     f"selector rank {config.selector_rank}, top-k {config.selector_top_k}")
+    if is_dspark(hf):
+        w1 = tensors.get("markov_head.markov_w1.weight")
+        if w1 is None:
+            raise UserError(f"{cfg_path}: a DSpark config, but model.safetensors has no markov_head tensors; "
+                            "the checkpoint is incomplete")
+        config.markov_rank = int(w1.shape[1])
+        config.confidence_head = "confidence_head.proj.weight" in tensors
+        config.sample_from_anchor = bool(_cfg(hf, "sample_from_anchor", True))
+        notes.append(f"DSpark: Markov rank {config.markov_rank}, confidence head "
+                     f"{'yes' if config.confidence_head else 'no'}, "
+                     f"{'anchor-first' if config.sample_from_anchor else 'bonus-anchor'} block")
 
 
 def _float_or_none(value) -> float | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import gguf_family
 from ..drafter.config import DrafterConfig
 from .checks import ConvertError, check_fits, check_shapes
 from .draft_vocab import DraftVocab
@@ -27,10 +28,12 @@ K_QUANTS = {"q4_k": "q4_k_m", "q5_k": "q5_k_m", "q6_k": "q6_k"}    # --outtype â
 _SMALL = 4096        # tensors with fewer elements stay F32 (norms; quantizing them saves nothing)
 
 
-def _encode(arr: np.ndarray, outtype: str) -> tuple[np.ndarray, object]:
-    """(data, raw ggml type or None) for one tensor at `outtype`; norms and small tensors stay F32."""
+def _encode(arr: np.ndarray, outtype: str, name: str = "") -> tuple[np.ndarray, object]:
+    """(data, raw ggml type or None) for one tensor at `outtype`; norms, small tensors and the ones
+    ggml needs in F32 (gguf_family.F32_ONLY) stay F32."""
     import gguf  # noqa: PLC0415
-    if arr.ndim < 2 or arr.size < _SMALL or outtype == "f32" or outtype in K_QUANTS:   # K-quants: by llama.cpp
+    if arr.ndim < 2 or arr.size < _SMALL or outtype == "f32" or outtype in K_QUANTS \
+            or any(s in name for s in gguf_family.F32_ONLY):                          # K-quants: by llama.cpp
         return arr.astype(np.float32), None
     if outtype == "f16":
         return arr.astype(np.float16), None
@@ -99,8 +102,9 @@ def _write(tensors: dict[str, np.ndarray], config: DrafterConfig, target: Target
         else:
             w.add_string(key, str(value))
     for hf_name, arr in tensors.items():
-        data, qtype = _encode(np.asarray(arr), outtype)
-        w.add_tensor(gguf_tensor_name(hf_name), data, raw_dtype=qtype)
+        name = gguf_tensor_name(hf_name)
+        data, qtype = _encode(np.asarray(arr), outtype, name)
+        w.add_tensor(name, data, raw_dtype=qtype)
     if draft_vocab is not None:         # the drafter's own head: the target's rows, as stored there
         rows = draft_vocab.head_rows
         if rows.dtype not in (np.float32, np.float16):
@@ -123,7 +127,10 @@ def write_dflash_gguf(tensors: dict[str, np.ndarray], config: DrafterConfig, tar
         raise ConvertError(f"{out_path} exists; pass --force to overwrite it")
     target = read_target(Path(target_gguf))
     check_fits(config, target, source)
-    check_shapes(tensors, config, source)
+    check_shapes(tensors, config, source, target.n_vocab)
+    if draft_vocab is not None and config.family != "DFlash":
+        raise ConvertError(f"{source}: a {config.family} drafter with a reduced draft vocabulary (d2t) is not "
+                           "supported; convert it without --draft-vocab")
     if draft_vocab is not None and draft_vocab.token_ids.max(initial=-1) >= target.n_vocab:
         raise ConvertError(f"{source}: its draft vocabulary has token ids beyond the target's {target.n_vocab}")
     out_path.parent.mkdir(parents=True, exist_ok=True)

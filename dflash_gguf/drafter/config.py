@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from .. import gguf_family
+
 
 @dataclass
 class DrafterConfig:
@@ -26,6 +28,15 @@ class DrafterConfig:
     embedding_scale: float | None = None        # block embeddings × this (z-lab input_embedding_scale)
     logit_scale: float | None = None            # logits × this (z-lab output_multiplier)
     final_logit_softcapping: float | None = None
+    # DFlash2 (z-lab): dynamic depthwise convolutions around attention/MLP + a top-K candidate selector
+    conv_kernel_size: int | None = None
+    conv_group_size: int | None = None
+    selector_rank: int | None = None
+    selector_top_k: int | None = None
+    # DSpark (DeepSeek DeepSpec): a low-rank Markov head chained over the slots, optional confidence head
+    markov_rank: int | None = None
+    confidence_head: bool = False
+    sample_from_anchor: bool | None = None      # True: row 0 (the anchor) predicts the first draft token
     extra: dict = field(default_factory=dict)   # anything else a source carried (kept for inspect)
 
     def __post_init__(self):
@@ -35,6 +46,13 @@ class DrafterConfig:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.layer_types and "sliding_attention" in self.layer_types and not self.sliding_window:
             raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
+
+    @property
+    def family(self) -> str:
+        """Which member of the DFlash family: "DFlash2", "DSpark" or "DFlash" (gguf_family)."""
+        if self.selector_rank:
+            return gguf_family.DFLASH2
+        return gguf_family.DSPARK if self.markov_rank else gguf_family.DFLASH
 
     @property
     def n_taps(self) -> int:

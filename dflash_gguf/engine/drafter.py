@@ -1,8 +1,11 @@
 """Draft sources: one small interface, the DFlash drafter behind it (others can slot in).
 
 The loop calls, in order: `begin()` once per generation, `process(features, pos0)` after every
-target decode with the features of the rows it keeps, and `draft(last, pos, n)` for a block. `features`
-may be a view that the caller reuses after `process` returns: a source copies what it keeps.
+target decode with the features of the rows it keeps, and `draft(last, pos, n, want_logits, pick)` for a
+block. `features` may be a view that the caller reuses after `process` returns: a source copies what it keeps.
+At T > 0 in rejection mode the loop passes `pick(logits [V]) -> (token, q [V])`: a source whose later slots
+depend on the tokens drawn earlier (DFlash2's selector walk) draws with it and returns each q; the others
+return logits and the loop draws every slot itself.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..gguf_check import DRAFTER_ARCH, FOREIGN_DRAFTER_ARCHS, fit_problems
+from ..gguf_family import DFLASH
 from ..native.wrappers import Batch, Context, ContextSettings, Model
 
 
@@ -30,7 +34,7 @@ class DraftSource(Protocol):
 
     def begin(self) -> None: ...
     def process(self, features: np.ndarray, pos0: int) -> None: ...
-    def draft(self, last_token: int, pos: int, n: int, want_logits: bool) -> Proposal: ...
+    def draft(self, last_token: int, pos: int, n: int, want_logits: bool, pick=None) -> Proposal: ...
 
 
 class DrafterMismatch(UserError):
@@ -56,6 +60,8 @@ def check_drafter_fits(drafter: Model, target: Model) -> None:
 
 class DFlashDrafter:
     """A `dflash` GGUF run by llama.cpp, sharing the target's embeddings and LM head via ctx_other."""
+
+    member = DFLASH                          # the DFlash family member (DFlash2Drafter, DSparkDrafter override it)
 
     def __init__(self, model: Model, target_ctx: Context, settings: ContextSettings, target_model: Model,
                  *, window: int | None = None):
@@ -131,21 +137,27 @@ class DFlashDrafter:
         self.ctx.decode(self.embd_batch, "feature injection")
         self._n_pending = 0
 
-    def draft(self, last_token: int, pos: int, n: int, want_logits: bool) -> Proposal:
-        self._flush()
-        # The full trained block (the drafter saw block_size-1 masks in training), or with short_blocks
-        # only the n+1 rows needed: cheaper where the drafter's cost grows with its rows (CPUs), at a
-        # small loss of acceptance; the policy's calibration decides (policy.measure_cost_curve).
-        rows = n + 1 if self.short_blocks else self.block_size
-        block = [last_token] + [self.mask] * (rows - 1)
+    def draft(self, last_token: int, pos: int, n: int, want_logits: bool, pick=None) -> Proposal:
+        """pick (T>0, rejection mode): the loop's sampler, `pick(logits [V]) -> (token, q [V])`, for sources
+        whose later slots depend on the tokens drawn earlier; DFlash's slots do not, so it is unused here."""
+        rows = self._decode_block(last_token, pos, n + 1)
         # The dflash graph ignores output flags: it writes logits for every block row in order, so
         # ask for all of them and read rows 1..n (row 0 is the anchor).
-        self.tok_batch.set_tokens(block, pos, "all")
-        self.ctx.decode(self.tok_batch, "draft")
         logits = self.ctx.logits_all(rows)[1:n + 1]
         proposal = Proposal([int(t) for t in logits.argmax(axis=1)], np.array(logits) if want_logits else None)
         self.ctx.seq_rm(pos, -1)             # the block's own K/V are never kept
         return proposal
+
+    def _decode_block(self, last_token: int, pos: int, needed: int) -> int:
+        """Decode `[last, MASK…]` at pos; returns its row count. The full trained block (the drafter saw
+        block_size-1 masks in training), or with short_blocks only the `needed` rows: cheaper where the
+        drafter's cost grows with its rows (CPUs), at a small loss of acceptance; the policy's calibration
+        decides (policy.measure_cost_curve). The caller removes the block's K/V (seq_rm(pos))."""
+        self._flush()
+        rows = needed if self.short_blocks else self.block_size
+        self.tok_batch.set_tokens([last_token] + [self.mask] * (rows - 1), pos, "all")
+        self.ctx.decode(self.tok_batch, "draft")
+        return rows
 
     def pos_max(self) -> int:
         self._flush()

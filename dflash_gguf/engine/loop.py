@@ -15,7 +15,7 @@ import numpy as np
 
 from .drafter import DraftSource, Proposal
 from .policy import DraftLengthPolicy
-from .sampling import SamplingParams, pick, probs_from_logits, sample
+from .sampling import SamplingParams, draw, pick, probs_from_logits, sample
 from .target import Target
 from .verify import SlotCounts, Verdict, verify_greedy, verify_stochastic
 
@@ -196,8 +196,9 @@ class SpecDecoder:
     # -- the steps, each replaceable on its own ------------------------------------------------
     def draft(self, last: int, pos: int, n: int, sampling: SamplingParams, rng) -> Proposal:
         stochastic = not sampling.greedy and self.t_mode == "rejection"
-        proposal = self.drafter.draft(last, pos, n, want_logits=stochastic)
-        if stochastic:
+        pick_slot = (lambda row: draw(row, sampling, rng)) if stochastic else None
+        proposal = self.drafter.draft(last, pos, n, want_logits=stochastic, pick=pick_slot)
+        if stochastic and proposal.q is None:                              # slots independent of earlier draws
             q = probs_from_logits(proposal.logits, sampling)               # [n, V]
             proposal = Proposal([sample(q[i], rng) for i in range(n)], proposal.logits, q)
         return proposal

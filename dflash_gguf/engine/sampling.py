@@ -73,6 +73,12 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(p) - 1))
 
 
+def draw(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, np.ndarray]:
+    """One draw from one row of logits [V] after the transform, with the distribution q [V] it came from."""
+    q = probs_from_logits(logits, params)
+    return sample(q, rng), q
+
+
 def pick(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator | None) -> int:
     """The next token from one row of logits [V]: the argmax when greedy, else a draw after the transform."""
     if params.greedy:

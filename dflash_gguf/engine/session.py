@@ -11,7 +11,7 @@ from ..gguf_check import check_drafter, check_fits, check_target
 from ..native.wrappers import ContextSettings, Model, ModelLoadError, TensorOverride
 from ..paths import cache_root
 from ..settings import EngineSettings
-from .drafter import DFlashDrafter
+from .draft_sources import open_drafter
 from .loop import GenerationResult, SpecDecoder, TokenCallback
 from .policy import CostCache, CostCurve, DraftLengthPolicy, measure_cost_curve
 from .sampling import SamplingParams
@@ -80,7 +80,7 @@ class Engine:
             dctx = ContextSettings(n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_batch,
                                    n_threads=s.n_threads, flash_attn=s.flash_attn)
             window = s.draft_ctx if s.draft_ctx and s.draft_ctx < s.n_ctx else None
-            self.drafter = DFlashDrafter(self.drafter_model, self.target.ctx, dctx, self.target_model, window=window)
+            self.drafter = open_drafter(self.drafter_model, self.target.ctx, dctx, self.target_model, window=window)
         self.cost: CostCurve | None = None
         if self.drafter is not None and s.adaptive and calibrate is not False:
             self.cost = self._cost_curve()

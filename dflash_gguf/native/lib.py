@@ -12,6 +12,7 @@ import ctypes
 import json
 import os
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -95,7 +96,24 @@ class DFlashAPI:
         "llama_dflash_model_mask_token": ([ctypes.c_void_p], ctypes.c_int32),
     }
 
+    # llama-ext.h staging API of the pinned tree, C++ linkage: the DFlash2 selector lattice and the DSpark
+    # confidences come out of the dflash graph as "nextn" rows. Bound by their Itanium-mangled names
+    # (Linux, macOS); where a build lacks them, `nextn` is None and only DFlash2 drafting is unavailable.
+    _NEXTN = {
+        "set_embeddings_nextn": ("_Z26llama_set_embeddings_nextnP13llama_contextbb",
+                                 [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool], None),
+        "get_embeddings_nextn": ("_Z26llama_get_embeddings_nextnP13llama_context",
+                                 [ctypes.c_void_p], ctypes.POINTER(ctypes.c_float)),
+    }
+
     def __init__(self, lib: ctypes.CDLL, lib_path: Path):
+        self.nextn = None
+        if all(hasattr(lib, mangled) for mangled, _, _ in self._NEXTN.values()):
+            self.nextn = types.SimpleNamespace()
+            for name, (mangled, argtypes, restype) in self._NEXTN.items():
+                fn = getattr(lib, mangled)
+                fn.argtypes, fn.restype = argtypes, restype
+                setattr(self.nextn, name, fn)
         missing = [name for name in self._SIGNATURES if not hasattr(lib, name)]
         if missing:
             raise NativeLibraryError(f"{lib_path} lacks the dflash tap API ({', '.join(missing)}): it was built "

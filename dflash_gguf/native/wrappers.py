@@ -245,6 +245,21 @@ class Context:
         ptr = self.native.llama_cpp.llama_get_logits(self.ptr)
         return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab))
 
+    def enable_nextn(self) -> None:
+        """Copy the graph's "nextn" rows (every batch row) out of each decode: the DFlash2 selector lattice."""
+        api = self.native.dflash.nextn
+        if api is None:
+            raise ModelLoadError(f"{self.model.path.name}: this llama.cpp build does not export "
+                                 "llama_get_embeddings_nextn, which DFlash2 drafting needs; rebuild it on Linux/macOS")
+        api.set_embeddings_nextn(self.ptr, True, False)
+
+    def nextn_rows(self, n_rows: int) -> np.ndarray:
+        """[n_rows, n_embd] view of the nextn rows of the last decode (valid until the next decode)."""
+        ptr = self.native.dflash.nextn.get_embeddings_nextn(self.ptr)
+        if not ptr:
+            raise DecodeError(-1, f"{self.model.path.name}: the last decode produced no nextn rows")
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_embd))
+
     def set_causal(self, causal: bool) -> None:
         self.native.llama_cpp.llama_set_causal_attn(self.ptr, causal)
 
