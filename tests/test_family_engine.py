@@ -105,3 +105,14 @@ def test_sampling_distribution_equals_plain_on_smollm2(target, drafters, kind, t
         counts[res.tokens[1]] += 1
     assert n_accepted > 0                       # the accept path ran, not only rejections
     assert_same_distribution(counts, expected)
+
+
+@pytest.mark.parametrize("kind", ["dflash2", "dspark"])
+def test_engine_decodes_t_above_zero_in_match_mode_with_family_drafters(smollm2, drafters, kind, capsys):
+    from dflash_gguf.engine.session import Engine
+    from dflash_gguf.settings import EngineSettings
+    settings = EngineSettings(target=smollm2, drafter=drafters[kind], n_ctx=512, n_threads=2, adaptive=False)
+    engine = Engine(settings)
+    assert settings.t_mode == "rejection" and engine.spec.t_mode == "match"
+    assert f"{KINDS[kind][0]} drafter uses --t-mode match" in capsys.readouterr().err
+    engine.close()
