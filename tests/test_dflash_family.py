@@ -17,14 +17,12 @@ from dflash_gguf.convert.inspect_drafter import inspect_drafter
 from dflash_gguf.convert.sources import read_source
 from dflash_gguf.convert.target_info import read_target
 from dflash_gguf.convert.writer import write_dflash_gguf
-from dflash_gguf.drafter.config import DrafterConfig
 from dflash_gguf.errors import UserError
-from engine_helpers import write_tiny_llama
+from engine_helpers import TINY_DRAFTER, write_tiny_llama
 from family_helpers import dflash2_tensors, dspark_tensors, write_dflash2_folder, write_dspark_folder
 
 pytest.importorskip("torch")
-CONFIG = DrafterConfig(hidden_size=64, intermediate_size=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
-                       target_layers=[1, 3], block_size=8, mask_token_id=5, vocab_size=64)
+CONFIG = TINY_DRAFTER
 
 
 @pytest.fixture(scope="module")

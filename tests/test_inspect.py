@@ -10,13 +10,11 @@ from convert_helpers import random_drafter, state_numpy, write_flavoured_gguf
 from dflash_gguf.convert.flavours import FLAVOURS
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
 from dflash_gguf.convert.writer import write_dflash_gguf
-from dflash_gguf.drafter.config import DrafterConfig
 from dflash_gguf.errors import UserError
-from engine_helpers import write_tiny_llama
+from engine_helpers import TINY_DRAFTER, write_tiny_llama
 
 pytest.importorskip("torch")
-CONFIG = DrafterConfig(hidden_size=64, intermediate_size=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
-                       target_layers=[1, 3], block_size=8, mask_token_id=5, vocab_size=64)
+CONFIG = TINY_DRAFTER
 
 
 @pytest.fixture(scope="module")
