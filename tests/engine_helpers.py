@@ -217,6 +217,21 @@ def pooled_counts(counts: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray,
     return obs, exp
 
 
+def exact_second_token_marginal(target, prompt: list[int], sampling) -> np.ndarray:
+    """P(t1) = Σ_t0 p(t0 | prompt) p(t1 | prompt, t0), computed from the target's own logits; the target's
+    cache is left at the prompt."""
+    from dflash_gguf.engine.sampling import probs_from_logits
+    target.reset()
+    p0 = probs_from_logits(target.prefill(prompt, None), sampling)
+    base = target.n_past
+    marginal = np.zeros_like(p0)
+    for t0 in np.nonzero(p0)[0]:
+        marginal += p0[t0] * probs_from_logits(np.array(target.decode_rows([int(t0)])[0]), sampling)
+        target.keep(0, 1)
+        assert target.n_past == base
+    return marginal
+
+
 def assert_same_distribution(counts: np.ndarray, expected: np.ndarray) -> None:
     """Chi-square: sampled `counts` follow the exact distribution `expected` (p > 0.01), and the check has
     power: a distribution half-way to a shifted one is rejected (p < 0.01). Rare outcomes are pooled."""

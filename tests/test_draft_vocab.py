@@ -18,7 +18,7 @@ from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.target import Target
 from dflash_gguf.errors import UserError
 from dflash_gguf.native.wrappers import ContextSettings, Model
-from engine_helpers import assert_same_distribution, write_random_drafter, write_tiny_llama
+from engine_helpers import assert_same_distribution, exact_second_token_marginal, write_random_drafter, write_tiny_llama
 
 SETTINGS = ContextSettings(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2)
 
@@ -124,7 +124,6 @@ def test_damaged_d2t_is_refused(files, tmp_path, damage, message):
 @pytest.mark.slow
 def test_sampling_with_reduced_vocab_equals_plain(tmp_path):
     """q = 0 outside the draft vocabulary: rejection sampling must still give the target's distribution."""
-    from test_engine import _exact_second_token_marginal
     target_path = write_tiny_llama(tmp_path / "tiny.gguf", n_vocab=16, seed=5, logit_scale=1.5)
     full = write_random_drafter(target_path, tmp_path / "full.gguf", taps=[1], block_size=4, n_head=4, n_head_kv=2,
                                 head_dim=16, n_ff=64, seed=11)
@@ -133,7 +132,7 @@ def test_sampling_with_reduced_vocab_equals_plain(tmp_path):
     drafter = DFlashDrafter(Model(reduced), target.ctx, SETTINGS, target.model)
     sampling = SamplingParams(temperature=1.0, top_k=12)
     prompt = [1, 4, 9, 6]
-    expected = _exact_second_token_marginal(target, prompt, sampling)
+    expected = exact_second_token_marginal(target, prompt, sampling)
     n = 2500
     counts = np.zeros_like(expected)
     spec = SpecDecoder(target, drafter, DraftLengthPolicy(3, adaptive=False))

@@ -10,7 +10,8 @@ from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy
 from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.target import ContextOverflow, Target
 from dflash_gguf.native.wrappers import ContextSettings, Model
-from engine_helpers import OracleDrafter, assert_rollback_keeps_output, assert_same_distribution, write_random_drafter, write_tiny_llama
+from engine_helpers import (OracleDrafter, assert_rollback_keeps_output, assert_same_distribution,
+                            exact_second_token_marginal, write_random_drafter, write_tiny_llama)
 
 N_PROMPTS, N_TOKENS = 20, 128
 SETTINGS = ContextSettings(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2)
@@ -195,21 +196,6 @@ def test_generation_stops_at_context_end(tiny_target):
 
 # ---- T > 0: the output distribution equals plain sampling ------------------------------------------------
 
-def _exact_second_token_marginal(target: Target, prompt: list[int], sampling: SamplingParams) -> np.ndarray:
-    """P(t1) = Σ_t0 p(t0 | prompt) p(t1 | prompt, t0), computed from the target's logits."""
-    from dflash_gguf.engine.sampling import probs_from_logits
-    target.reset()
-    p0 = probs_from_logits(target.prefill(prompt, None), sampling)
-    base = target.n_past
-    marginal = np.zeros_like(p0)
-    for t0 in np.nonzero(p0)[0]:
-        rows = target.decode_rows([int(t0)])
-        marginal += p0[t0] * probs_from_logits(np.array(rows[0]), sampling)
-        target.keep(0, 1)
-        assert target.n_past == base
-    return marginal
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("t_mode,boost,noise", [
     ("rejection", 0.0, 2.0),     # q: random, far from p
@@ -221,7 +207,7 @@ def test_sampling_distribution_equals_plain(tmp_path, t_mode, boost, noise):
     target = Target(Model(path), SETTINGS, taps=[1], max_verify=4)
     sampling = SamplingParams(temperature=1.0, top_k=12)
     prompt = [1, 4, 9, 6]
-    expected = _exact_second_token_marginal(target, prompt, sampling)
+    expected = exact_second_token_marginal(target, prompt, sampling)
     n = 2500
     counts = np.zeros_like(expected)
     for seed in range(n):

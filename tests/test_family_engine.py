@@ -12,10 +12,10 @@ from dflash_gguf.engine.draft_sources import open_drafter
 from dflash_gguf.engine.dspark import DSparkDrafter
 from dflash_gguf.engine.loop import SpecDecoder
 from dflash_gguf.engine.policy import DraftLengthPolicy
-from dflash_gguf.engine.sampling import SamplingParams, probs_from_logits
+from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.target import Target
 from dflash_gguf.native.wrappers import ContextSettings, Model
-from engine_helpers import assert_same_distribution, project_prompts
+from engine_helpers import assert_same_distribution, exact_second_token_marginal, project_prompts
 from family_helpers import shipped_family_drafter
 
 pytest.importorskip("torch")
@@ -74,17 +74,6 @@ def test_greedy_equals_plain_on_smollm2(target, drafters, kind):
     print(f"{kind}: tau {generated / calls:.3f}, accepted {accepted}/{drafted}")
 
 
-def _exact_second_token_marginal(target: Target, prompt: list[int], sampling: SamplingParams) -> np.ndarray:
-    """P(t1) = Σ_t0 p(t0 | prompt) p(t1 | prompt, t0), from the target's logits."""
-    target.reset()
-    p0 = probs_from_logits(target.prefill(prompt, None), sampling)
-    marginal = np.zeros_like(p0)
-    for t0 in np.nonzero(p0)[0]:
-        marginal += p0[t0] * probs_from_logits(np.array(target.decode_rows([int(t0)])[0]), sampling)
-        target.keep(0, 1)
-    return marginal
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,t_mode", [("dflash2", "rejection"), ("dflash2", "match"),
                                          ("dspark", "rejection"), ("dspark", "match")])
@@ -93,7 +82,7 @@ def test_sampling_distribution_equals_plain_on_smollm2(target, drafters, kind, t
     drafter = open_drafter(Model(drafters[kind]), target.ctx, SETTINGS, target.model)
     sampling = SamplingParams(temperature=1.0, top_k=8)
     prompt = target.model.tokenize("The capital of France is", add_special=False)
-    expected = _exact_second_token_marginal(target, prompt, sampling)
+    expected = exact_second_token_marginal(target, prompt, sampling)
     spec = SpecDecoder(target, drafter, DraftLengthPolicy(3, adaptive=False), t_mode=t_mode)
     counts = np.zeros_like(expected)
     n_accepted = 0

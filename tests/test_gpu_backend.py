@@ -20,10 +20,10 @@ import pytest
 from dflash_gguf.engine.drafter import DFlashDrafter
 from dflash_gguf.engine.loop import SpecDecoder
 from dflash_gguf.engine.policy import DraftLengthPolicy
-from dflash_gguf.engine.sampling import SamplingParams, probs_from_logits
+from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.target import Target
 from dflash_gguf.native.wrappers import Batch, Context, ContextSettings, Model
-from engine_helpers import OracleDrafter, pooled_counts, write_random_drafter, write_tiny_llama
+from engine_helpers import OracleDrafter, exact_second_token_marginal, pooled_counts, write_random_drafter, write_tiny_llama
 from gpu_helpers import ALL_LAYERS, SETTINGS, gpu_backend  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.gpu
@@ -135,13 +135,7 @@ def test_rejection_sampling_distribution_on_device(tmp_path):
     target = Target(Model(path, n_gpu_layers=ALL_LAYERS), SETTINGS, taps=[1], max_verify=4)
     sampling = SamplingParams(temperature=1.0, top_k=12)
     prompt = [1, 4, 9, 6]
-    # exact P(second token) from the GPU target's own logits: sum over t0 of p(t0) p(t1 | t0)
-    target.reset()
-    p0 = probs_from_logits(target.prefill(prompt, None), sampling)
-    expected = np.zeros_like(p0)
-    for t0 in np.nonzero(p0)[0]:
-        expected += p0[t0] * probs_from_logits(np.array(target.decode_rows([int(t0)])[0]), sampling)
-        target.keep(0, 1)
+    expected = exact_second_token_marginal(target, prompt, sampling)     # from the GPU target's own logits
     counts = np.zeros_like(expected)
     for seed in range(2500):
         oracle = OracleDrafter([0] * 8 + list(range(3, 16)), 16, corrupt=0.3, seed=seed, boost=2.0, noise=0.5)

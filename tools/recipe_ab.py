@@ -53,16 +53,18 @@ results_path = work / "results.json"
 results = json.loads(results_path.read_text()) if results_path.exists() else {}
 trainer = [sys.executable, str(ROOT / "tools" / "train_default_drafter.py"), "--threads", str(a.threads)]
 
+from_target = a.init_drafter == "none"
+start = "target layers" if from_target else Path(a.init_drafter).name
+start_flags = [] if from_target else ["--init-drafter", a.init_drafter]
+
 subprocess.run(trainer + ["--harvest-only", "--tokens", str(a.tokens)], check=True)
 for name in a.arms:
-    start = Path(a.init_drafter).name if a.init_drafter != "none" else "target layers"
     key = f"{name} | rows {a.rows} | lr {a.lr} | from {start}"
     if key in results:
         continue
     arm_dir = work / "".join(c if c.isalnum() else "-" for c in f"{name}-{start}-{a.rows}")
     cmd = trainer + ["--harvest-minutes", "0", "--tokens", str(a.tokens), "--rows", str(a.rows), "--lr", str(a.lr),
-                     *(["--init-drafter", a.init_drafter] if a.init_drafter != "none" else []),
-                     "--eval-prompts", str(a.eval_prompts),
+                     *start_flags, "--eval-prompts", str(a.eval_prompts),
                      "--work-dir", str(arm_dir), "--out", str(arm_dir / "drafter.gguf"), *ARMS[name]]
     if (arm_dir / "checkpoint" / "ckpt.pt").exists():
         cmd.append("--resume")

@@ -255,7 +255,8 @@ class Trainer:
             for pb in packs:
                 with self._precision():
                     out = self.forward(pb, vocab)
-                    loss = self.loss(*out, self.teacher(pb, vocab) if self.s.distill or self.s.tv else None) / self.s.seqs_per_step
+                    soft = self.teacher(pb, vocab) if self.s.distill or self.s.tv else None
+                    loss = self.loss(*out, soft) / self.s.seqs_per_step
                 loss.backward()
                 total += loss.item()
                 rows += int((pb.slot > 0).sum())
