@@ -46,21 +46,23 @@ def dspark_tensors(config: DrafterConfig, *, rank: int = 8, confidence: bool = T
 
 
 def write_dflash2_folder(folder: Path, config: DrafterConfig, tensors: dict, *, kernel: int = 2, group: int = 16,
-                         rank: int = 8, top_k: int = 4) -> Path:
-    """config.json as z-lab publishes a DFlash2 drafter (DFlash2DraftModel, settings in dflash_config)."""
+                         rank: int = 8, top_k: int = 4, dflash_extra: dict | None = None) -> Path:
+    """config.json as z-lab publishes a DFlash2 drafter (DFlash2DraftModel, settings in dflash_config);
+    dflash_extra: more dflash_config keys (output_multiplier, final_logit_softcapping)."""
     write_zlab_folder(folder, config, tensors)
     cfg = zlab_config(config)
     cfg["architectures"] = ["DFlash2DraftModel"]
     cfg["is_causal"] = False
     cfg["dflash_config"] |= {"conv_kernel_size": kernel, "conv_group_size": group, "selector_rank": rank,
-                             "selector_top_k": top_k}
+                             "selector_top_k": top_k} | (dflash_extra or {})
     (folder / "config.json").write_text(json.dumps(cfg))
     return folder
 
 
 def write_dspark_folder(folder: Path, config: DrafterConfig, tensors: dict, *, rank: int = 8,
-                        confidence: bool = True) -> Path:
-    """config.json as DeepSpec saves a Qwen3 DSpark drafter (Qwen3DSparkModel, top-level DSpark keys)."""
+                        confidence: bool = True, sample_from_anchor: bool | None = None) -> Path:
+    """config.json as DeepSpec saves a Qwen3 DSpark drafter (Qwen3DSparkModel, top-level DSpark keys);
+    sample_from_anchor: the key upstream's converter reads (absent: anchor-first, DeepSpec's layout)."""
     write_zlab_folder(folder, config, tensors)
     cfg = zlab_config(config)
     dflash = cfg.pop("dflash_config")
@@ -68,6 +70,8 @@ def write_dspark_folder(folder: Path, config: DrafterConfig, tensors: dict, *, r
             "mask_token_id": dflash["mask_token_id"], "block_size": dflash["block_size"], "markov_rank": rank,
             "markov_head_type": "vanilla", "enable_confidence_head": confidence,
             "confidence_head_with_markov": True}
+    if sample_from_anchor is not None:
+        cfg["sample_from_anchor"] = sample_from_anchor
     (folder / "config.json").write_text(json.dumps(cfg))
     return folder
 

@@ -125,12 +125,14 @@ class DecoderLayer(nn.Module):
 
 
 class DFlashDrafter(nn.Module):
+    layer_class = DecoderLayer          # DFlash2 (torch_ref_family) wraps its sublayers in convolutions
+
     def __init__(self, config: DrafterConfig):
         super().__init__()
         c = self.config = config
         self.fc = nn.Linear(c.n_taps * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_eps)
-        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layers))
+        self.layers = nn.ModuleList(self.layer_class(c) for _ in range(c.n_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_eps)
         # Official semantics (z-lab dflash 0.1.0): sliding layers are causal inside the block, as our
         # patched llama.cpp runs them (patches/0005). Stock llama.cpp 0c1e57098 runs them non-causally
