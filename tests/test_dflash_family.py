@@ -60,6 +60,8 @@ def test_dflash2_settings_and_layout(files):
     assert shapes["blk.0.ffn_conv_proj.weight"][0] == (64, 16)
     assert shapes["selector_predecessor.weight"][0] == (8, 64) and shapes["selector_hidden.weight"][0] == (64, 8)
     assert int(r.fields["dflash.selector_top_k"].contents()) == 4
+    # z-lab's is_causal: false (every layer non-causal) is kept as upstream's converter keeps it (patches/0005 reads it)
+    assert c.is_causal is False and r.fields["dflash.attention.causal"].contents() is False
     # the conv base kernel round-trips exactly ([2, k, H] torch ↔ ne {H, k, 2})
     got = np.asarray(next(t for t in r.tensors if t.name == "blk.0.attn_conv_base").data).reshape(2, 2, 64)
     np.testing.assert_array_equal(got, files["dflash2_src"].tensors["layers.0.attention_conv.base_kernel"])
@@ -82,7 +84,7 @@ def test_gguf_round_trip_and_quantized(files, kind, tmp_path):
     src = normalize_gguf(files[f"{kind}_gguf"], detect_flavour(files[f"{kind}_gguf"]), read_target(files["target"]))
     assert src.config.family == files[f"{kind}_src"].config.family
     for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "markov_rank",
-              "confidence_head", "sample_from_anchor"):
+              "confidence_head", "sample_from_anchor", "is_causal"):
         assert getattr(src.config, k) == getattr(files[f"{kind}_src"].config, k), k
     out = write_dflash_gguf(src.tensors, src.config, files["target"], tmp_path / "q8.gguf", outtype="q8_0")
     assert gguf_check.drafter_member(gguf_check.check_drafter(out, files["target"])) == src.config.family

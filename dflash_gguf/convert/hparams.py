@@ -27,6 +27,9 @@ FAMILY_KEYS = {
     "selector_top_k": "selector_top_k",
 }
 SAMPLE_FROM_ANCHOR = "sample_from_anchor"       # DSpark: bool, absent = true upstream
+# z-lab is_causal (bool, absent = None): llama.cpp reads it into hparams.causal_attn; with it false, patches/0005
+# leaves the sliding layers non-causal too
+CAUSAL = "attention.causal"
 # HF yarn field → GGUF key suffix
 YARN_KEYS = {
     "original_max_position_embeddings": "rope.scaling.original_context_length",
@@ -79,6 +82,8 @@ def write_hparams(w, arch: str, c: DrafterConfig) -> None:
             # llama.cpp recomputes the YaRN magnitude as 0.1·ln(factor)+1 and ignores yarn_attn_factor;
             # rope.scaling.attn_factor multiplies that, so an explicit HF attention_factor is its ratio to it
             w.add_float32(f"{arch}.rope.scaling.attn_factor", rs["attention_factor"] / _yarn_default_mscale(rs["factor"]))
+    if c.is_causal is not None:
+        w.add_bool(f"{arch}.{CAUSAL}", bool(c.is_causal))
     if c.sliding_window and c.layer_types:
         w.add_uint32(f"{arch}.attention.sliding_window", c.sliding_window)
         w.add_array(f"{arch}.attention.sliding_window_pattern", [t == "sliding_attention" for t in c.layer_types])
@@ -107,6 +112,9 @@ def read_hparams(get: Callable[[str], Any], n_layers: int, head_dim: int, where:
     anchor = get(SAMPLE_FROM_ANCHOR)
     if anchor is not None:
         kwargs["sample_from_anchor"] = str(anchor).lower() == "true"
+    causal = get(CAUSAL)
+    if causal is not None:
+        kwargs["is_causal"] = str(causal).lower() == "true"
     n_rot = get("rope.dimension_count")
     if n_rot is not None and int(n_rot) != head_dim:
         raise UserError(f"{where}: partial rotary embedding (rope.dimension_count {n_rot} < head dim {head_dim}) "

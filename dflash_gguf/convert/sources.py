@@ -108,12 +108,14 @@ def _config_from_hf(hf: dict, cfg_path: Path, target: TargetInfo, block_size: in
     mask = _cfg(hf, "mask_token_id")
     if mask is None:
         raise UserError(f"{cfg_path}: dflash_config.mask_token_id is missing; the drafter cannot mask its block")
-    causal = hf.get("is_causal", _cfg(hf, "causal"))
-    if causal:
-        notes.append("config asks for causal attention in every layer; llama.cpp drafts blocks non-causally")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     hidden, n_heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
     window, layer_types = _sliding(hf, n_layers)
+    causal = hf.get("is_causal", _cfg(hf, "causal"))
+    if causal:
+        notes.append("config asks for causal attention in every layer; llama.cpp drafts blocks non-causally")
+    elif causal is not None and layer_types:
+        notes.append("config says is_causal: false: its sliding layers see the whole block too")
     config = DrafterConfig(
         hidden_size=hidden, intermediate_size=int(hf["intermediate_size"]), n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
@@ -124,7 +126,8 @@ def _config_from_hf(hf: dict, cfg_path: Path, target: TargetInfo, block_size: in
         sliding_window=window, layer_types=layer_types, rope_scaling=rope_scaling_from_hf(rope, str(cfg_path)),
         embedding_scale=_float_or_none(_cfg(hf, "input_embedding_scale")),
         logit_scale=_float_or_none(_cfg(hf, "output_multiplier")),
-        final_logit_softcapping=_float_or_none(_cfg(hf, "final_logit_softcapping")) or None)
+        final_logit_softcapping=_float_or_none(_cfg(hf, "final_logit_softcapping")) or None,
+        is_causal=None if causal is None else bool(causal))
     return config, (int(n_target) if n_target else None)
 
 

@@ -28,6 +28,9 @@ class DrafterConfig:
     embedding_scale: float | None = None        # block embeddings × this (z-lab input_embedding_scale)
     logit_scale: float | None = None            # logits × this (z-lab output_multiplier)
     final_logit_softcapping: float | None = None
+    # z-lab is_causal: None (absent) = sliding layers causal inside the block, full-attention layers not;
+    # False = every layer non-causal (DFlash2 ships so); True = every layer causal (llama.cpp cannot draft so)
+    is_causal: bool | None = None
     # DFlash2 (z-lab): dynamic depthwise convolutions around attention/MLP + a top-K candidate selector
     conv_kernel_size: int | None = None
     conv_group_size: int | None = None

@@ -134,10 +134,11 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_eps)
         self.layers = nn.ModuleList(self.layer_class(c) for _ in range(c.n_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_eps)
-        # Official semantics (z-lab dflash 0.1.0): sliding layers are causal inside the block, as our
-        # patched llama.cpp runs them (patches/0005). Stock llama.cpp 0c1e57098 runs them non-causally
-        # (later block positions visible); set False to reproduce that (tests/test_drafter_parity.py).
-        self.sliding_causal = True
+        # Official semantics (z-lab dflash): sliding layers are causal inside the block unless the config says
+        # is_causal: false (DFlash2 does; then every layer sees the whole block), as our patched llama.cpp runs
+        # them (patches/0005). Stock llama.cpp 0c1e57098 always runs them non-causally (later block positions
+        # visible); set False to reproduce that (tests/test_drafter_parity.py).
+        self.sliding_causal = c.is_causal is not False
 
     def forward(self, block_emb: torch.Tensor, ctx_feats: torch.Tensor, block_pos: torch.Tensor,
                 ctx_pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
