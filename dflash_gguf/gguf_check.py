@@ -474,8 +474,9 @@ def check_family(h: GGUFHeader) -> str:
                                           kernel, group, rank)
     elif member == gguf_family.DSPARK:
         rank = dims["markov_w1.weight"][0]
-        want = gguf_family.dspark_shapes(n_embd, n_vocab or dims["markov_w1.weight"][-1], rank,
-                                         "conf_proj.weight" in dims, "markov_w2.scale" in dims)
+        want = gguf_family.dspark_shapes(n_embd, h.n_vocab() or dims["markov_w1.weight"][-1], rank,
+                                         "conf_proj.weight" in dims, "markov_w2.scale" in dims,
+                                         n_draft_vocab=d2t[0] if d2t else None)
         if "conf_proj.bias" not in dims:
             want.pop("conf_proj.bias", None)
         sfa = h.fields.get(gguf_family.SAMPLE_FROM_ANCHOR_KEY)

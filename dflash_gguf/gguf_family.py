@@ -62,9 +62,12 @@ def dflash2_shapes(n_embd: int, n_vocab: int, n_layer: int, kernel: int, group: 
     return out
 
 
-def dspark_shapes(n_embd: int, n_vocab: int, rank: int, confidence: bool, w2_scale: bool = False) -> dict:
-    """GGUF name → ne of every tensor DSpark adds (optional ones only when present)."""
-    out = {"markov_w1.weight": (rank, n_vocab), "markov_w2.weight": (rank, n_vocab)}
+def dspark_shapes(n_embd: int, n_vocab: int, rank: int, confidence: bool, w2_scale: bool = False,
+                  n_draft_vocab: int | None = None) -> dict:
+    """GGUF name → ne of every tensor DSpark adds (optional ones only when present). W1 is indexed by the
+    previous token, any target token (the anchor, or a d2t-mapped argmax), so it spans the whole vocabulary;
+    W2 gives the bias of each head row, so it spans the draft vocabulary when there is one (`d2t`)."""
+    out = {"markov_w1.weight": (rank, n_vocab), "markov_w2.weight": (rank, n_draft_vocab or n_vocab)}
     if w2_scale:
         out["markov_w2.scale"] = (1,)
     if confidence:

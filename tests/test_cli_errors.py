@@ -177,3 +177,11 @@ def test_loss_options_that_cannot_combine_are_refused_in_one_line(tmp_path, caps
     code, line = _fails(capsys, ["train", "-m", str(smollm2_q4_1()), "-o", str(tmp_path / "d.gguf"), *args])
     assert code == 2 and line.startswith(says)
     assert not (tmp_path / "d.gguf").exists()
+
+
+def test_a_negative_markov_rank_is_refused_in_one_line(tmp_path, capsys):
+    from engine_helpers import write_tiny_llama
+    target = write_tiny_llama(tmp_path / "t.gguf")
+    code, line = _fails(capsys, ["train", "-m", str(target), "-o", str(tmp_path / "d.gguf"), "--markov-rank", "-1"])
+    assert code == 2 and line.startswith("error: --markov-rank -1: choose 0 (no Markov head) or a rank of at least 1")
+    assert not (tmp_path / "d.gguf").exists()

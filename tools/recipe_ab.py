@@ -2,8 +2,9 @@
 """A/B of training objectives at equal compute on the embedded default (SmolLM2-135M-Instruct Q4_1).
 
 Every arm continues the same drafter (default: the shipped one) for the same labelled rows of the same harvest,
-with the same schedule, and differs only in its loss; each is judged by engine τ on the first --eval-prompts
-prompts per category of ../shared/prompts (greedy, block 8, 128 tokens). The baseline runs with two seeds, so
+with the same schedule, and differs only in its loss (or, for the Markov arms, in an added DSpark Markov head,
+which starts as a no-op); each is judged by engine τ on the first --eval-prompts prompts per category of
+../shared/prompts (greedy, block 8, 128 tokens). The baseline runs with two seeds, so
 the table shows the spread training noise alone gives. Resumable: an arm with a result is not trained again,
 and an interrupted arm resumes from its checkpoint. Results: <user cache>/recipe-ab/results.json, and a Markdown
 table on stdout.
@@ -34,6 +35,11 @@ ARMS = {
     "TV 0.9 + CE 0.1": ["--tv", "0.9"],
     "top-8 KL 0.5 + CE 0.5": ["--distill", "0.5"],
     "slots 1-3 only": ["--supervised-slots", "3"],
+    # DSpark: the Markov head on the same backbone; rank 64 for a 576-wide drafter is DeepSpec's 256 for 2560
+    "Markov head r64": ["--markov-rank", "64"],
+    "first-error cut + TV 0.9 + Markov head r64": ["--cut-at-first-error", "--tv", "0.9", "--markov-rank", "64"],
+    "first-error cut + TV 0.9 + Markov head r64, seed 2": ["--cut-at-first-error", "--tv", "0.9", "--markov-rank", "64",
+                                                           "--train-seed", "2"],
 }
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

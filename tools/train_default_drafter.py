@@ -50,6 +50,8 @@ ap.add_argument("--distill", type=float, default=0.0, help="share of the loss on
 ap.add_argument("--tv", type=float, default=0.0, help="share of the loss that is the total variation to the top-8")
 ap.add_argument("--cut-at-first-error", action="store_true", help="no loss after a block's first wrong slot")
 ap.add_argument("--supervised-slots", type=int, default=None, help="only block slots 1..N carry loss")
+ap.add_argument("--markov-rank", type=int, default=0, help="add a DSpark Markov head of this rank (0: none; "
+                "a DSpark drafter otherwise, same layout and draft vocabulary)")
 ap.add_argument("--gamma", type=float, default=None, help="slot weight decay exp(-(k-1)/gamma) (default: 4 for block 8)")
 ap.add_argument("--train-seed", type=int, default=SEED, help="the trainer's seed (anchors, order); the harvest keeps "
                 "the recipe's")
@@ -70,6 +72,8 @@ ap.add_argument("--manifest", action="store_true", help="record the result in df
 ap.add_argument("--ship", action="store_true", help="copy --out over the shipped drafter and record it in "
                 "drafters.json, only if its engine τ beats the shipped one's")
 a = ap.parse_args()
+if a.markov_rank < 0:
+    ap.error(f"--markov-rank {a.markov_rank}: choose 0 (no Markov head) or a rank of at least 1")
 
 import torch  # noqa: E402
 
@@ -84,7 +88,7 @@ train = TrainSettings(n_layers=recipe.N_LAYERS, block_size=recipe.BLOCK_SIZE, ro
                       seqs_per_step=a.seqs_per_step, seed=a.train_seed, max_seconds=a.minutes * 60 if a.minutes else None,
                       eval_every=2000, eval_seqs=a.eval_seqs, ckpt_minutes=5.0, distill=a.distill,
                       tv=a.tv, cut_at_first_error=a.cut_at_first_error, supervised_slots=a.supervised_slots,
-                      gamma=a.gamma, short_blocks=a.short_blocks)
+                      gamma=a.gamma, short_blocks=a.short_blocks, markov_rank=a.markov_rank)
 if a.harvest_only:
     from dflash_gguf.train.harvest import harvest as run_harvest  # noqa: E402
     shard = tuple(int(x) for x in a.shard.split("/"))

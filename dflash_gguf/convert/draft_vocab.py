@@ -87,6 +87,14 @@ def coverage(token_ids: np.ndarray, counts: np.ndarray) -> float:
     return float(counts[token_ids].sum() / total) if total else 0.0
 
 
+def rows_over_vocab(rows: np.ndarray, token_ids: np.ndarray, n_vocab: int) -> np.ndarray:
+    """Rows of a draft vocabulary [K, R] (a DSpark W2) → rows over the whole vocabulary [V, R], zero outside:
+    the layout our tensor dicts use (the writer takes the draft vocabulary's rows back out)."""
+    full = np.zeros((n_vocab, rows.shape[1]), dtype=np.float32)
+    full[np.asarray(token_ids, np.int64)] = rows
+    return full
+
+
 def check_d2t(d2t: np.ndarray, n_head_rows: int, n_vocab: int, source: str) -> None:
     """A d2t tensor read from a file: one distinct in-range target id per head row."""
     if d2t.ndim != 1 or d2t.size != n_head_rows:

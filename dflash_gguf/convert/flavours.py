@@ -17,7 +17,7 @@ import numpy as np
 
 from ..drafter.config import DrafterConfig, official_target_layer_ids
 from ..errors import UserError
-from .draft_vocab import DraftVocab, check_d2t
+from .draft_vocab import DraftVocab, check_d2t, rows_over_vocab
 from .hparams import read_hparams
 from .names import hf_tensor_name
 from .normalized import DrafterSource, target_from_drafter_name
@@ -145,8 +145,6 @@ def normalize_gguf(path: Path, flavour: Flavour, target: TargetInfo | None,
     big = load_tensors and sum(int(t.n_elements) for t in r.tensors) > 50_000_000
     by_name = {t.name: t for t in r.tensors}
     draft_vocab = _draft_vocab(by_name, target, path) if "d2t" in by_name and load_tensors else None
-    if "d2t" in by_name and "markov_w1.weight" in by_name:
-        raise UserError(f"{path}: a DSpark drafter with a reduced draft vocabulary (d2t) is not supported")
     for t in tqdm(r.tensors, desc=f"reading {path.name}", unit="tensor", disable=not big):
         if t.name == "d2t" or (t.name == "output.weight" and "d2t" in by_name) or t.name == "markov_w2.scale":
             continue
@@ -171,6 +169,11 @@ def normalize_gguf(path: Path, flavour: Flavour, target: TargetInfo | None,
         scale = float(np.asarray(by_name["markov_w2.scale"].data, dtype=np.float32).reshape(-1)[0])
         tensors["markov_head.markov_w2.weight"] *= scale
         notes.append(f"markov_w2.scale {scale:g} folded into markov_w2")
+    if "d2t" in by_name and "markov_w2.weight" in by_name and load_tensors:
+        # W2 has a row per d2t entry; our tensor dicts hold it over the whole vocabulary (W1's rows), zero elsewhere
+        d2t = np.asarray(by_name["d2t"].data).astype(np.int64).reshape(-1)
+        w2 = "markov_head.markov_w2.weight"
+        tensors[w2] = rows_over_vocab(tensors[w2], d2t, int(by_name["markov_w1.weight"].shape[1]))
     extra, hp_notes = read_hparams(lambda s: get(s), n_layers, head_dim, str(path))
     notes += hp_notes
     try:

@@ -26,6 +26,7 @@ ARCH = "dflash"
 OUTTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 K_QUANTS = {"q4_k": "q4_k_m", "q5_k": "q5_k_m", "q6_k": "q6_k"}    # --outtype → llama_ftype name
 _SMALL = 4096        # tensors with fewer elements stay F32 (norms; quantizing them saves nothing)
+_W2 = "markov_head.markov_w2.weight"     # DSpark: [V, R] in our tensor dicts, the draft vocabulary's rows in a file
 
 
 def _encode(arr: np.ndarray, outtype: str, name: str = "") -> tuple[np.ndarray, object]:
@@ -119,7 +120,8 @@ def write_dflash_gguf(tensors: dict[str, np.ndarray], config: DrafterConfig, tar
                       name: str = "dflash-drafter", source: str = "drafter", validate: bool = True,
                       draft_vocab: DraftVocab | None = None) -> Path:
     """tensors: z-lab names → float32 [out, in]; the output fits `target_gguf` (checked) and loads in llama.cpp.
-    With `draft_vocab` the drafter proposes only those tokens, through its own copy of their head rows."""
+    With `draft_vocab` the drafter proposes only those tokens, through its own copy of their head rows (and a
+    DSpark W2, given over the whole vocabulary, keeps only their rows)."""
     out_path = Path(out_path)
     if outtype not in OUTTYPES:
         raise ConvertError(f"--outtype {outtype}: choose one of {', '.join(OUTTYPES)}")
@@ -128,11 +130,13 @@ def write_dflash_gguf(tensors: dict[str, np.ndarray], config: DrafterConfig, tar
     target = read_target(Path(target_gguf))
     check_fits(config, target, source)
     check_shapes(tensors, config, source, target.n_vocab)
-    if draft_vocab is not None and config.family != "DFlash":
+    if draft_vocab is not None and config.family == gguf_family.DFLASH2:
         raise ConvertError(f"{source}: a {config.family} drafter with a reduced draft vocabulary (d2t) is not "
                            "supported; convert it without --draft-vocab")
     if draft_vocab is not None and draft_vocab.token_ids.max(initial=-1) >= target.n_vocab:
         raise ConvertError(f"{source}: its draft vocabulary has token ids beyond the target's {target.n_vocab}")
+    if draft_vocab is not None and _W2 in tensors:      # DSpark: W2 gives a bias per head row (gguf_family)
+        tensors = {**tensors, _W2: np.asarray(tensors[_W2])[draft_vocab.token_ids]}
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.part")
     try:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import DrafterConfig
+from .markov import MarkovHead
 
 
 class RMSNorm(nn.Module):
@@ -127,13 +128,17 @@ class DecoderLayer(nn.Module):
 class DFlashDrafter(nn.Module):
     layer_class = DecoderLayer          # DFlash2 (torch_ref_family) wraps its sublayers in convolutions
 
-    def __init__(self, config: DrafterConfig):
+    def __init__(self, config: DrafterConfig, markov_columns: int | None = None):
+        """markov_columns: with `config.markov_rank`, a DSpark Markov head (markov.py) over this many logit
+        columns (the draft vocabulary's size, or the whole vocabulary); None: the DFlash backbone alone."""
         super().__init__()
         c = self.config = config
         self.fc = nn.Linear(c.n_taps * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_eps)
         self.layers = nn.ModuleList(self.layer_class(c) for _ in range(c.n_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_eps)
+        self.markov_head = MarkovHead(c.vocab_size, c.markov_rank, markov_columns) \
+            if c.markov_rank and markov_columns else None
         # Official semantics (z-lab dflash): sliding layers are causal inside the block unless the config says
         # is_causal: false (DFlash2 does; then every layer sees the whole block), as our patched llama.cpp runs
         # them (patches/0005). Stock llama.cpp 0c1e57098 always runs them non-causally (later block positions

@@ -42,6 +42,9 @@ def register(app: typer.Typer) -> None:
                                                      "slot (+0.06 engine τ at equal compute: docs/training-ab.md)"),
         supervised_slots: Optional[int] = typer.Option(None, "--supervised-slots", help="only block slots "
                                                        "1..N carry loss"),
+        markov_rank: int = typer.Option(0, "--markov-rank", help="add a DSpark Markov head of this rank "
+                                        "(W2·W1[previous token] on each slot's logits, chained on the drafted "
+                                        "tokens): a DSpark drafter; 0: none, a DFlash drafter"),
         short_blocks: float = typer.Option(0.0, "--short-blocks", help="share of training blocks cut to 2..B-1 "
                                            "rows (CPU engines draft n tokens with n+1 rows)"),
         loss_vocab_extra: Optional[int] = typer.Option(
@@ -80,6 +83,9 @@ def register(app: typer.Typer) -> None:
         if supervised_slots is not None and not 1 <= supervised_slots < block_size:
             raise UserError(f"--supervised-slots {supervised_slots}: choose 1..{block_size - 1} "
                             f"(block size {block_size})")
+        if markov_rank < 0:
+            raise UserError(f"--markov-rank {markov_rank}: choose 0 (no Markov head) or a rank of at least 1 "
+                            "(e.g. 64; a multiple of 32 keeps W1 in Q8_0)")
         from ..engine.session import require_native
         from ..gguf_check import check_target
         check_target(model)            # the shared validation, before torch loads or llama.cpp sees the file
@@ -136,6 +142,7 @@ def register(app: typer.Typer) -> None:
                                  device=device, seed=seed, precision=precision, distill=distill,
                                  tv=tv, cut_at_first_error=cut_at_first_error,
                                  supervised_slots=supervised_slots, short_blocks=short_blocks,
+                                 markov_rank=markov_rank,
                                  max_seconds=max_minutes * 60 if max_minutes else None,
                                  loss_vocab_extra=None if loss_vocab_extra < 0 else loss_vocab_extra)
         harvest_settings = HarvestSettings(taps=tap_ids, seed=seed, n_threads=threads, n_parallel=parallel,

@@ -85,6 +85,7 @@ class NativeDraftProbe:
         self.injected = p
         self.bbatch.set_tokens([seq[p]] + [self.mask] * (self.block - 1), p, "all")
         self.dctx.decode(self.bbatch, "draft")
+        # rows 1..B-1: DFlash, and DSpark as `train --markov-rank` writes it (the graph applies its Markov chain)
         drafts = np.asarray(self.dctx.logits_all(self.block))[1:].argmax(axis=1)
         self.dctx.seq_rm(p, -1)                                      # the block's own K/V are never kept
         return drafts

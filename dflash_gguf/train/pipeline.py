@@ -107,7 +107,7 @@ def training_record(trainer: Trainer, result) -> dict:
             "rows_per_second": round(trainer.rows_seen / max(trainer.seconds_before, 1e-9), 1),
             "precision": str(trainer.autocast or "float32").removeprefix("torch."),
             "val_loss": result.loss, "val_tau_estimate": result.tau, "val_anchor_tau": result.anchor_tau,
-            "val_slot_accept": result.slot_accept}
+            "val_slot_accept": result.slot_accept, "markov_rank": trainer.config.markov_rank}
 
 
 def export(trainer: Trainer, target: Path, out: Path, record: dict, vocab=None, *, outtype: str = "q8_0",
@@ -117,7 +117,8 @@ def export(trainer: Trainer, target: Path, out: Path, record: dict, vocab=None, 
     meta = {f"dflash_gguf.train.{k}": (json.dumps(v) if isinstance(v, (dict, list)) else v)
             for k, v in record.items() if v is not None}
     write_dflash_gguf(trainer.state_numpy(), trainer.config, target, out, outtype=outtype, extra_metadata=meta,
-                      force=force, name=f"{trainer.arch}-dflash-drafter", source="trained drafter", draft_vocab=vocab)
+                      force=force, name=f"{trainer.arch}-{trainer.config.family.lower()}-drafter",
+                      source="trained drafter", draft_vocab=vocab)
 
 
 def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, *, taps: list[int],

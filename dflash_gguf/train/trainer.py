@@ -6,6 +6,9 @@ that share of the loss is the cross-entropy against the target's own top-K distr
 position (kept at harvest time) instead of its one token; with `tv` > 0, that share is the total variation
 to it. `cut_at_first_error` drops the rows after each block's first wrong slot; `supervised_slots` the
 slots past it.
+With `markov_rank` > 0 the drafter is a DSpark one: a low-rank Markov head (drafter/markov.py) adds
+W2·W1[previous token] to each slot's logits, teacher-forced on the target's tokens, and the same objective
+applies to the combined logits.
 The target's token embedding and LM head are frozen; only the drafter learns. Training is scheduled by
 labelled rows seen (block rows with a label), so a run can stop and resume anywhere.
 """
@@ -13,8 +16,10 @@ labelled rows seen (block rows with a label), so a run can stop and resume anywh
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,6 +64,7 @@ class TrainSettings:
     cut_at_first_error: bool = False    # no loss on a block's rows after its first wrong slot
     supervised_slots: int | None = None  # only slots 1..N carry loss
     grow_data: bool = False             # re-read the dataset after each pass (a harvest is still writing it)
+    markov_rank: int = 0                # DSpark Markov head of this rank on the logits (0: none, a DFlash drafter)
 
     def gamma_value(self) -> float:
         if self.gamma is not None:
@@ -88,6 +94,8 @@ class Trainer:
         from ..drafter.torch_ref import DFlashDrafter  # noqa: PLC0415
         self.torch = torch
         torch.manual_seed(settings.seed)
+        if settings.markov_rank:        # DSpark, rows 1..n as DFlash (sample_from_anchor false): the harvest's layout
+            config = dataclasses.replace(config, markov_rank=settings.markov_rank, sample_from_anchor=False)
         self.data, self.config, self.s = data, config, settings
         self.device = torch.device(settings.device)
         self.embed = torch.tensor(embed, dtype=torch.float32, device=self.device)      # [V, H] frozen
@@ -96,7 +104,7 @@ class Trainer:
         rows = head if draft_vocab is None else head[np.asarray(draft_vocab)]
         self.head = torch.tensor(rows, dtype=torch.float32, device=self.device)        # [V', H] frozen
         self.n_vocab = head.shape[0]
-        self.model = DFlashDrafter(config).to(self.device)
+        self.model = DFlashDrafter(config, markov_columns=len(rows)).to(self.device)
         if settings.init_from_target and target_layers:
             self._init_from_target(target_layers)
         self.weights = torch.tensor(slot_weights(config.block_size, settings.gamma_value(),
@@ -135,14 +143,27 @@ class Trainer:
         self.model.load_state_dict(sd)
 
     def load_weights(self, tensors: dict[str, np.ndarray], source: str) -> None:
-        """Start from a drafter's z-lab-named tensors (its own head rows, if any, are not the drafter's)."""
+        """Start from a drafter's z-lab-named tensors (its own head rows, if any, are not the drafter's). A
+        DFlash drafter continued with a Markov head keeps the head's no-op start; a DSpark drafter's W2 (over
+        the whole vocabulary) gives the rows of this trainer's columns."""
         from ..errors import UserError  # noqa: PLC0415
         sd = self.model.state_dict()
-        wrong = [k for k in sd if k not in tensors or tuple(tensors[k].shape) != tuple(sd[k].shape)]
+        tensors = dict(tensors)
+        w2 = "markov_head.markov_w2.weight"
+        if w2 in tensors and w2 in sd and self.draft_vocab is not None:
+            tensors[w2] = tensors[w2][self.draft_vocab.cpu().numpy()]
+        has_head = any(k.startswith("markov_head.") for k in tensors)
+        fresh = {k for k in sd if k.startswith("markov_head.") and not has_head}      # starts as a no-op
+        if has_head and self.model.markov_head is None:
+            print(f"note: {source}: its Markov head is not trained on (train with --markov-rank to keep one)",
+                  file=sys.stderr)
+        wrong = [k for k in sd if k not in fresh
+                 and (k not in tensors or tuple(tensors[k].shape) != tuple(sd[k].shape))]
         if wrong:
             raise UserError(f"{source}: not a drafter of this shape ({', '.join(wrong[:4])} missing or of another "
-                            "shape); use the same --layers and target")
-        self.model.load_state_dict({k: self.torch.from_numpy(np.ascontiguousarray(tensors[k])) for k in sd})
+                            "shape); use the same --layers, --markov-rank and target")
+        sd.update({k: self.torch.from_numpy(np.ascontiguousarray(tensors[k])) for k in sd if k not in fresh})
+        self.model.load_state_dict(sd)
 
     # -- objective ----------------------------------------------------------------------------
     def _columns(self, ids, vocab):
@@ -154,7 +175,8 @@ class Trainer:
     def forward(self, pb: PackedBlocks, vocab: np.ndarray | None = None):
         """Logits [R, V'] of the rows with labels (slots ≥ 1), their labels as column indices (-100: a token
         outside the columns) and slots. Columns: the draft vocabulary if the trainer has one, else `vocab`
-        ids (sorted, containing every label) or the whole vocabulary."""
+        ids (sorted, containing every label) or the whole vocabulary. With a Markov head the logits include
+        its bias, given the target's token before each row."""
         torch = self.torch
         dev = self.device
         emb = self.embed[torch.as_tensor(pb.block_tokens, device=dev)][None]                 # [1, S, H]
@@ -173,6 +195,11 @@ class Trainer:
             ids = torch.as_tensor(vocab, device=dev)
             logits = hidden[0][rows] @ self.head[ids].t()                                     # [R, V']
             labels = torch.searchsorted(ids, labels)
+        if self.model.markov_head is not None:         # teacher forcing: the target's token before each row
+            from ..drafter.markov import teacher_forced_prev  # noqa: PLC0415
+            prev = torch.as_tensor(teacher_forced_prev(pb.block_tokens, pb.labels, pb.slot), device=dev)[rows]
+            columns = None if self.draft_vocab is not None or vocab is None else torch.as_tensor(vocab, device=dev)
+            logits = logits + self.model.markov_head.bias(prev, columns)
         slots = torch.as_tensor(pb.slot, device=dev)[rows]
         return logits, labels, slots
 
@@ -347,6 +374,11 @@ class Trainer:
     def resume(self, out_dir: Path) -> None:
         torch = self.torch
         ck = torch.load(out_dir / "ckpt.pt", map_location=self.device, weights_only=False)
+        rank = ck.get("settings", {}).get("markov_rank", 0)
+        if rank != self.s.markov_rank:
+            from ..errors import UserError  # noqa: PLC0415
+            raise UserError(f"{out_dir}: this checkpoint was trained with --markov-rank {rank}, not "
+                            f"{self.s.markov_rank}; resume it with --markov-rank {rank}")
         self.model.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["opt"])
         self.step = ck["step"]
@@ -357,4 +389,11 @@ class Trainer:
         self.history = json.loads(hist.read_text()) if hist.exists() else []
 
     def state_numpy(self) -> dict[str, np.ndarray]:
-        return {k: v.detach().float().cpu().numpy() for k, v in self.model.state_dict().items()}
+        """z-lab-named tensors, each over the whole vocabulary (the Markov W2 too; zero outside the draft
+        vocabulary), as the GGUF writer takes them."""
+        out = {k: v.detach().float().cpu().numpy() for k, v in self.model.state_dict().items()}
+        w2 = "markov_head.markov_w2.weight"
+        if w2 in out and self.draft_vocab is not None:
+            from ..convert.draft_vocab import rows_over_vocab  # noqa: PLC0415
+            out[w2] = rows_over_vocab(out[w2], self.draft_vocab.cpu().numpy(), self.n_vocab)
+        return out
