@@ -35,6 +35,11 @@ ARMS = {
     "TV 0.9 + CE 0.1": ["--tv", "0.9"],
     "top-8 KL 0.5 + CE 0.5": ["--distill", "0.5"],
     "slots 1-3 only": ["--supervised-slots", "3"],
+    # anchors per sequence and drafter depth, each with the best objective so far
+    "first-error cut + TV 0.9, 6 anchors per sequence": ["--cut-at-first-error", "--tv", "0.9", "--anchors", "6"],
+    "first-error cut + TV 0.9, 24 anchors per sequence": ["--cut-at-first-error", "--tv", "0.9", "--anchors", "24"],
+    "first-error cut + TV 0.9, 1 layer": ["--cut-at-first-error", "--tv", "0.9", "--n-layers", "1"],
+    "first-error cut + TV 0.9, 3 layers": ["--cut-at-first-error", "--tv", "0.9", "--n-layers", "3"],
     # DSpark: the Markov head on the same backbone; rank 64 for a 576-wide drafter is DeepSpec's 256 for 2560
     "Markov head r64": ["--markov-rank", "64"],
     "first-error cut + TV 0.9 + Markov head r64": ["--cut-at-first-error", "--tv", "0.9", "--markov-rank", "64"],

@@ -39,6 +39,8 @@ ap.add_argument("--rows", type=int, default=3_300_000, help="labelled rows to tr
 ap.add_argument("--minutes", type=float, default=None, help="stop training after this long (resume later)")
 ap.add_argument("--seqs-per-step", type=int, default=1, help="sequences per optimizer step; at a fixed row "
                 "budget more, smaller steps trained better here (docs/scaling.json)")
+ap.add_argument("--n-layers", type=int, default=recipe.N_LAYERS, help="drafter layers (each costs a draft call "
+                "about as much as the others together)")
 ap.add_argument("--anchors", type=int, default=12, help="anchor blocks drawn from each sequence per step")
 ap.add_argument("--lr", type=float, default=8e-4, help="peak learning rate (cosine over --rows)")
 ap.add_argument("--short-blocks", type=float, default=0.0, help="share of training blocks cut to 2..7 rows "
@@ -84,7 +86,7 @@ prompts = load(DEFAULT_PROMPTS)
 data = dataset_dir(file_sha256(target), prompts_sha256(prompts), SEED)
 work = a.work_dir or cache_root() / "train" / f"smollm2-default-{data.name}"
 harvest = recipe.harvest_settings(n_threads=a.threads, n_parallel=a.parallel)
-train = TrainSettings(n_layers=recipe.N_LAYERS, block_size=recipe.BLOCK_SIZE, rows=a.rows, lr=a.lr, warmup=0.03, anchors_per_seq=a.anchors,
+train = TrainSettings(n_layers=a.n_layers, block_size=recipe.BLOCK_SIZE, rows=a.rows, lr=a.lr, warmup=0.03, anchors_per_seq=a.anchors,
                       seqs_per_step=a.seqs_per_step, seed=a.train_seed, max_seconds=a.minutes * 60 if a.minutes else None,
                       eval_every=2000, eval_seqs=a.eval_seqs, ckpt_minutes=5.0, distill=a.distill,
                       tv=a.tv, cut_at_first_error=a.cut_at_first_error, supervised_slots=a.supervised_slots,
