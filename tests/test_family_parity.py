@@ -252,7 +252,7 @@ def test_dspark_drafts_match_torch_reference(tmp_path, target, feats, variant):
             h = _block_hidden(model, emb, feats, anchor, end)
             chain = model.chain(h, head, anchor)
             raw = (h @ head.t()).numpy()
-            anchor_bias = model.markov_head(torch.tensor(anchor)).numpy()
+            anchor_bias = model.markov_head.bias(torch.tensor(anchor)).numpy()
             ckpt = checkpoint.chain(_block_hidden(checkpoint, emb, feats, anchor, end), head, anchor)
         ckpt_logits.append(ckpt.logits.numpy())
         ckpt_tokens.append(ckpt.tokens)

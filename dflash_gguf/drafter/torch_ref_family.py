@@ -133,18 +133,6 @@ class DFlash2Drafter(DFlashDrafter):
 
 # --- DSpark --------------------------------------------------------------------------------------------
 
-class MarkovHead(nn.Module):
-    """DeepSpec's vanilla low-rank head: bias(prev) = W2 · W1[prev] over the vocabulary."""
-
-    def __init__(self, vocab_size: int, rank: int):
-        super().__init__()
-        self.markov_w1 = nn.Embedding(vocab_size, rank)
-        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
-
-    def forward(self, prev: torch.Tensor) -> torch.Tensor:
-        return self.markov_w2(self.markov_w1(prev))
-
-
 class ConfidenceHead(nn.Module):
     """Acceptance estimate of a slot: sigmoid(proj([h; W1[prev]])) (DeepSpec confidence_head_with_markov)."""
 
@@ -170,8 +158,7 @@ class DSparkDrafter(DFlashDrafter):
     SpecForge exports as llama.cpp reads them) drafts from rows 1..S-1, row 1's predecessor the anchor."""
 
     def __init__(self, config: DrafterConfig):
-        super().__init__(config)
-        self.markov_head = MarkovHead(config.vocab_size, config.markov_rank)
+        super().__init__(config, markov_columns=config.vocab_size)      # the Markov head: drafter/markov.py
         self.confidence_head = (ConfidenceHead(config.hidden_size, config.markov_rank) if config.confidence_head
                                 else None)
 
@@ -183,13 +170,10 @@ class DSparkDrafter(DFlashDrafter):
         """hidden [S, H] of one block → the chained draft rows. The bias adds to the head's raw logits
         (DeepSpec's compute_logits has no output scale)."""
         rows = hidden[self.first_draft_row:]
-        base = rows @ lm_head.t()                                                     # [n, V]
-        logits, tokens, conf, prev = [], [], [], anchor
-        for i in range(rows.shape[0]):
-            p = torch.tensor(prev)
-            logits.append(base[i] + self.markov_head(p))
-            if self.confidence_head is not None:
-                conf.append(self.confidence_head(rows[i], self.markov_head.markov_w1(p)))
-            prev = int(logits[-1].argmax())
-            tokens.append(prev)
-        return MarkovChain(torch.stack(logits), tokens, torch.stack(conf) if conf else None)
+        logits = self.markov_head.chain(rows @ lm_head.t(), anchor)                   # [n, V]
+        tokens = logits.argmax(dim=-1).tolist()
+        confidence = None
+        if self.confidence_head is not None:
+            before = torch.tensor([anchor] + tokens[:-1])
+            confidence = self.confidence_head(rows, self.markov_head.markov_w1(before))
+        return MarkovChain(logits, tokens, confidence)
