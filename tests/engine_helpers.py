@@ -217,19 +217,32 @@ def pooled_counts(counts: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray,
     return obs, exp
 
 
-def exact_second_token_marginal(target, prompt: list[int], sampling) -> np.ndarray:
-    """P(t1) = Σ_t0 p(t0 | prompt) p(t1 | prompt, t0), computed from the target's own logits; the target's
-    cache is left at the prompt."""
+def exact_token_marginal(target, prompt: list[int], sampling, index: int) -> np.ndarray:
+    """P(t_index), the marginal of the generated token `index` (0-based): Σ over t_0..t_index-1 of
+    p(t_0 | prompt) p(t_1 | prompt, t_0) … p(t_index | prompt, t_0..t_index-1), enumerated with the target's own
+    logits (top-k keeps it small: k^index decodes); the target's cache is left at the prompt."""
     from dflash_gguf.engine.sampling import probs_from_logits
     target.reset()
-    p0 = probs_from_logits(target.prefill(prompt, None), sampling)
-    base = target.n_past
-    marginal = np.zeros_like(p0)
-    for t0 in np.nonzero(p0)[0]:
-        marginal += p0[t0] * probs_from_logits(np.array(target.decode_rows([int(t0)])[0]), sampling)
-        target.keep(0, 1)
-        assert target.n_past == base
-    return marginal
+    base = target.n_past + len(prompt)
+
+    def marginal(probs: np.ndarray, depth: int) -> np.ndarray:
+        if depth == index:
+            return probs
+        out = np.zeros_like(probs)
+        for t in np.nonzero(probs)[0]:
+            nxt = probs_from_logits(np.array(target.decode_rows([int(t)])[0]), sampling)
+            out += probs[t] * marginal(nxt, depth + 1)
+            target.keep(0, 1)
+        return out
+
+    result = marginal(probs_from_logits(target.prefill(prompt, None), sampling), 0)
+    assert target.n_past == base
+    return result
+
+
+def exact_second_token_marginal(target, prompt: list[int], sampling) -> np.ndarray:
+    """P(t1) = Σ_t0 p(t0 | prompt) p(t1 | prompt, t0); the target's cache is left at the prompt."""
+    return exact_token_marginal(target, prompt, sampling, 1)
 
 
 def assert_same_distribution(counts: np.ndarray, expected: np.ndarray) -> None:

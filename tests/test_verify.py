@@ -77,3 +77,38 @@ def test_all_accepted_draws_bonus_from_last_row():
     q[0, 1] = q[1, 2] = 1.0
     v = verify_stochastic([1, 2], q, p, np.random.default_rng(0))
     assert v.n_accepted == 2 and 0 <= v.next_token < V
+
+
+def _first_two_tokens(p0, p1, q0, q1_of, q1_verified_of, n, seed):
+    """Counts [V, V] of the first two emitted tokens over n blocks of two drafts, where the second draft is
+    drawn from q1_of(d1) (a proposal that depends on the token drawn before, like the DFlash2 walk) and
+    verification is handed q1_verified_of(d1). p0 [V], p1 [V, V]: the target's rows (p1[t] after t)."""
+    rng = np.random.default_rng(seed)
+    V = len(p0)
+    counts = np.zeros((V, V))
+    for _ in range(n):
+        d1 = sample(q0, rng)
+        d2 = sample(q1_of(d1), rng)
+        q = np.stack([q0, q1_verified_of(d1)])
+        p = np.stack([p0, p1[d1], np.full(V, 1 / V)])           # rows [last, d1, d2]; the bonus is not counted
+        out = verify_stochastic([d1, d2], q, p, rng).emitted([d1, d2])
+        if len(out) == 1:                                      # the next block's first token comes from p1
+            out.append(sample(p1[out[0]], rng))
+        counts[out[0], out[1]] += 1
+    return counts
+
+
+def test_rejection_sampling_is_exact_when_a_slot_depends_on_the_draw_before():
+    """Two slots whose second proposal is conditioned on the first draft (the DFlash2 selector walk): the
+    first two emitted tokens follow p0(t0) p1(t1 | t0) when verification divides by the q that drew each
+    token, and the check tells it apart from dividing by the q of another predecessor."""
+    rng = np.random.default_rng(3)
+    V = 5
+    p0, p1 = rng.dirichlet(np.ones(V)), rng.dirichlet(np.ones(V), size=V)
+    q0, q1 = rng.dirichlet(np.ones(V) * 0.5), rng.dirichlet(np.ones(V) * 0.5, size=V)
+    expected = (p0[:, None] * p1).ravel()
+    n = 20000
+    counts = _first_two_tokens(p0, p1, q0, lambda d: q1[d], lambda d: q1[d], n, seed=4)
+    assert stats.chisquare(counts.ravel(), expected * n).pvalue > 0.01
+    wrong = _first_two_tokens(p0, p1, q0, lambda d: q1[d], lambda d: q1[int(np.argmax(q0))], n, seed=4)
+    assert stats.chisquare(wrong.ravel(), expected * n).pvalue < 0.01

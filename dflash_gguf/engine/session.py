@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import RunFailure, SetupError, UserError
-from ..gguf_family import DFLASH
 from ..gguf_check import check_drafter, check_fits, check_target
 from ..native.wrappers import ContextSettings, Model, ModelLoadError, TensorOverride
 from ..paths import cache_root
@@ -88,23 +87,12 @@ class Engine:
             self.drafter.short_blocks = self.cost.short_blocks
         self.policy = DraftLengthPolicy(self.draft_max, min(s.draft_min, self.draft_max),
                                         adaptive=s.adaptive, cost=self.cost)
-        self.spec = SpecDecoder(self.target, self.drafter, self.policy, t_mode=self._t_mode(s.t_mode))
+        self.spec = SpecDecoder(self.target, self.drafter, self.policy, t_mode=s.t_mode)
         # Turning the taps off for plain decoding and on again re-reserves the scheduler, and any re-reserve on
         # lavapipe (Vulkan) crashes its queue thread (docs/vulkan.md): on device builds the taps stay on (plain
         # pays one small readback of the tapped rows per token)
         self._toggle_taps = self.target_model.native.info.get("backend") == "cpu"
         self.plain = SpecDecoder(self.target, None, DraftLengthPolicy(1, adaptive=False))
-
-    def _t_mode(self, asked: str) -> str:
-        """Rejection sampling with the DFlash2 walk or the DSpark chain is not yet shown exact past the first
-        drafted slot (docs/dflash-family.md); "match" is lossless by construction, so T > 0 uses it with them."""
-        if asked != "rejection" or self.drafter is None or self.drafter.member == DFLASH:
-            return asked
-        member = self.drafter.member
-        import sys  # noqa: PLC0415
-        print(f"note: T > 0 with a {member} drafter uses --t-mode match (exact by construction; rejection "
-              "sampling with it is not verified yet)", file=sys.stderr)
-        return "match"
 
     @staticmethod
     def _fit(s: EngineSettings, target_path: Path, drafter_path: Path | None) -> EngineSettings:
