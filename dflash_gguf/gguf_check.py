@@ -13,7 +13,7 @@ first, from the bytes alone (tensor data is never read, so a 100 GB model is che
 4. a drafter fits its target: hidden size, tap ids within the target's layers, vocabulary.
 
 Each problem is a `BadModelFile` (exit code 2) whose message names the file, says what is wrong and
-what to do. convert's GGUF reader (`convert/gguf_fast.py`) is built on `parse_header`.
+what to do. The GGUF reader (`gguf_reader.py`, convert's and the engine's) is built on `parse_header`.
 """
 
 from __future__ import annotations

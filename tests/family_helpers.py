@@ -112,3 +112,30 @@ def shipped_family_drafter(member: str, target: Path, out: Path, *, outtype: str
         t["confidence_head.proj.weight"] = (rng.standard_normal((1, H + 8)) / H ** 0.5).astype(np.float32)
         t["confidence_head.proj.bias"] = np.zeros(1, np.float32)
     return write_dflash_gguf(t, c, target, out, outtype=outtype, force=True)
+
+
+def markov_reference(path: Path):
+    """chained(backbone [V] row, prev) -> [V]: a DSpark GGUF's Markov bias W2·W1[prev] added to the backbone's
+    logits of one slot, over the draft vocabulary (-inf elsewhere) when the file has one. Weights read by
+    gguf-py, float32 arithmetic as the engine's chain does it."""
+    import gguf
+    tensors = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+
+    def dense(name):
+        t = tensors[name]
+        return gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(
+            [int(d) for d in reversed(t.shape)])
+
+    w1, w2 = dense("markov_w1.weight"), dense("markov_w2.weight")
+    if "markov_w2.scale" in tensors:
+        w2 = w2 * float(dense("markov_w2.scale").reshape(-1)[0])
+    cols = np.asarray(tensors["d2t"].data, np.int64) if "d2t" in tensors else None
+
+    def chained(base: np.ndarray, prev: int) -> np.ndarray:
+        bias = w2 @ w1[prev]
+        if cols is None:
+            return base + bias
+        row = np.full(base.shape, -np.inf, np.float32)
+        row[cols] = base[cols] + bias
+        return row
+    return chained

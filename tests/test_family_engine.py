@@ -16,12 +16,15 @@ from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.target import Target
 from dflash_gguf.native.wrappers import ContextSettings, Model
 from engine_helpers import assert_same_distribution, exact_second_token_marginal, exact_token_marginal, project_prompts
-from family_helpers import shipped_family_drafter
+from family_helpers import markov_reference, shipped_family_drafter
 
 pytest.importorskip("torch")
 SETTINGS = ContextSettings(n_ctx=1024, n_batch=256, n_ubatch=256, n_threads=2)
-KINDS = {"dflash2": ("DFlash2", False, DFlash2Drafter), "dspark": ("DSpark", False, DSparkDrafter),
-         "dspark-anchor-first": ("DSpark", True, DSparkDrafter)}
+# kind: (member, sample_from_anchor, draft source class, where DSpark's chain runs: None = the engine's choice,
+# here on the CPU in numpy; True = in llama.cpp's graph, as on an offloaded drafter)
+KINDS = {"dflash2": ("DFlash2", False, DFlash2Drafter, None), "dspark": ("DSpark", False, DSparkDrafter, None),
+         "dspark-anchor-first": ("DSpark", True, DSparkDrafter, None),
+         "dspark-in-graph": ("DSpark", False, DSparkDrafter, True)}
 
 
 def _never_stop(_token: int) -> bool:
@@ -37,8 +40,18 @@ def smollm2():
 @pytest.fixture(scope="module")
 def drafters(smollm2, tmp_path_factory):
     d = tmp_path_factory.mktemp("family-engine")
-    return {kind: shipped_family_drafter(member, smollm2, d / f"{kind}.gguf", sample_from_anchor=anchor)
-            for kind, (member, anchor, _) in KINDS.items()}
+    files = {(member, anchor): shipped_family_drafter(member, smollm2, d / f"{member}-{anchor}.gguf",
+                                                      sample_from_anchor=anchor)
+             for member, anchor, _, _ in set(v for v in KINDS.values())}
+    return {kind: files[member, anchor] for kind, (member, anchor, _, _) in KINDS.items()}
+
+
+def _open(drafters, kind, target):
+    """The draft source the engine opens for this kind's file (DSpark's chain where the kind says)."""
+    in_graph = KINDS[kind][3]
+    if in_graph is None:
+        return open_drafter(Model(drafters[kind]), target.ctx, SETTINGS, target.model)
+    return DSparkDrafter(Model(drafters[kind]), target.ctx, SETTINGS, target.model, markov_in_graph=in_graph)
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +65,11 @@ def target(smollm2):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_greedy_equals_plain_on_smollm2(target, drafters, kind):
-    member, _, cls = KINDS[kind]
-    drafter = open_drafter(Model(drafters[kind]), target.ctx, SETTINGS, target.model)
+    member, _, cls, in_graph = KINDS[kind]
+    drafter = _open(drafters, kind, target)
     assert type(drafter) is cls
+    if cls is DSparkDrafter:
+        assert (drafter.markov is None) == bool(in_graph)      # on the CPU the engine chains in numpy
     plain = SpecDecoder(target, None, DraftLengthPolicy(1, adaptive=False))
     spec = SpecDecoder(target, drafter, DraftLengthPolicy(7, adaptive=False))
     spec.debug_check_positions = True
@@ -100,8 +115,8 @@ def _record_blocks(spec: SpecDecoder) -> list[dict]:
             readout = d.lattice(n + 1)
         else:
             first = 0 if d.anchor_first else 1
-            readout = np.array(d.ctx.logits_all(first + n)[first:])
-        blocks.append({"rng": state, "tokens": list(proposal.tokens), "readout": readout})
+            readout = np.array(d.ctx.logits_all(first + n)[first:])   # the backbone's, or the in-graph chain's
+        blocks.append({"rng": state, "tokens": list(proposal.tokens), "readout": readout, "anchor": last})
         return proposal
 
     def recording_verify(proposal, rows, sampling, rng):
@@ -115,21 +130,27 @@ def _record_blocks(spec: SpecDecoder) -> list[dict]:
 def _assert_drawn_from_verified_q(blocks: list[dict], drafter, sampling: SamplingParams, n_vocab: int) -> None:
     """Exact, per slot: the q handed to verification equals the proposal distribution computed here from the
     drafter's own readout (DFlash2: the edge scores from the candidate drawn before, the anchor's row for the
-    first slot; DSpark: the chain's logits of that slot), and each draft token is the inverse-CDF draw of that
-    q at the uniform the generator gave for it (replayed from the recorded state)."""
+    first slot; DSpark: the backbone's logits of that slot plus the Markov bias of the token drawn before, read
+    from the GGUF by gguf-py, or the in-graph chain's logits), and each draft token is the inverse-CDF draw of
+    that q at the uniform the generator gave for it (replayed from the recorded state)."""
     walk = isinstance(drafter, DFlash2Drafter)
+    markov = None if walk or drafter.markov is None else markov_reference(drafter.model.path)
     slots = after_other_pred = 0
     for block in blocks:
         assert block["q"] is not None, "T > 0 drafts were verified as one-hot (match mode), not by rejection"
         replay = np.random.default_rng()
         replay.bit_generator.state = block["rng"]
         pred = 0                                             # slot 1's edges come from the anchor (all rows equal)
+        prev = block["anchor"]                               # the token before DSpark's first slot
         for i, token in enumerate(block["tokens"]):
             if walk:
                 cand, scores = block["readout"]
                 q = _reference_q(cand[i + 1], scores[i + 1, pred], sampling, n_vocab)
                 after_other_pred += pred > 0
                 pred = list(cand[i + 1]).index(token)        # the next slot's edges come from this draw
+            elif markov is not None:
+                q = _reference_q(np.arange(n_vocab), markov(block["readout"][i], prev), sampling, n_vocab)
+                prev = token                                 # the next slot is biased by this draw
             else:
                 q = _reference_q(np.arange(n_vocab), block["readout"][i], sampling, n_vocab)
             np.testing.assert_allclose(block["q"][i], q, rtol=1e-12, atol=1e-15)
@@ -144,7 +165,7 @@ def _assert_drawn_from_verified_q(blocks: list[dict], drafter, sampling: Samplin
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_each_draft_is_drawn_from_the_q_that_verification_uses(target, drafters, kind):
     """Rejection mode at T = 1, top-k 8, 2 × 24 tokens of up to 7 drafts: every drafted slot, checked exactly."""
-    drafter = open_drafter(Model(drafters[kind]), target.ctx, SETTINGS, target.model)
+    drafter = _open(drafters, kind, target)
     spec = SpecDecoder(target, drafter, DraftLengthPolicy(7, adaptive=False))
     blocks = _record_blocks(spec)
     prompt = target.model.tokenize("The capital of France is", add_special=False)
@@ -155,10 +176,11 @@ def test_each_draft_is_drawn_from_the_q_that_verification_uses(target, drafters,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,t_mode", [("dflash2", "rejection"), ("dflash2", "match"),
-                                         ("dspark", "rejection"), ("dspark", "match")])
+                                         ("dspark", "rejection"), ("dspark", "match"),
+                                         ("dspark-in-graph", "rejection")])
 def test_sampling_distribution_equals_plain_on_smollm2(target, drafters, kind, t_mode):
     """The second generated token (drafted and verified speculatively) follows the exact marginal."""
-    drafter = open_drafter(Model(drafters[kind]), target.ctx, SETTINGS, target.model)
+    drafter = _open(drafters, kind, target)
     sampling = SamplingParams(temperature=1.0, top_k=8)
     prompt = target.model.tokenize("The capital of France is", add_special=False)
     expected = exact_second_token_marginal(target, prompt, sampling)
@@ -182,7 +204,7 @@ def test_third_token_distribution_in_rejection_mode_on_smollm2(target, drafters,
     first draft, the third token comes out of the block's second slot (accepted, or recovered from
     max(p - q, 0)): a slot drawn after an earlier draw, from the DFlash2 walk's q given the sampled predecessor
     or from the DSpark chain's."""
-    drafter = open_drafter(Model(drafters[kind]), target.ctx, SETTINGS, target.model)
+    drafter = _open(drafters, kind, target)
     sampling = SamplingParams(temperature=1.0, top_k=8)
     prompt = target.model.tokenize("The capital of France is", add_special=False)
     expected = exact_token_marginal(target, prompt, sampling, 2)

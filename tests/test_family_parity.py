@@ -32,6 +32,7 @@ from dflash_gguf.convert.sources import read_source
 from dflash_gguf.convert.target_info import read_target
 from dflash_gguf.convert.writer import write_dflash_gguf
 from dflash_gguf.engine.draft_sources import open_drafter
+from dflash_gguf.engine.dspark import DSparkDrafter as EngineDSpark
 from dflash_gguf.gguf_family import DFLASH2
 from dflash_gguf.native.wrappers import Context, ContextSettings, Model
 from engine_helpers import TINY_DRAFTER, write_tiny_llama
@@ -104,10 +105,12 @@ def _q8_0_rounded(x: torch.Tensor) -> torch.Tensor:
     return (q * d.half().float()).reshape(x.shape)
 
 
-def _convert(folder, target, out, outtype):
+def _convert(folder, target, out, outtype, *, markov_in_graph=True):
     """(the converted GGUF, the checkpoint's reference, the reference of what llama.cpp runs). For F32 both are
     the checkpoint's; for q8_0 the second holds the weights dequantized back from the file and rounds the input
-    of every matmul whose weight is q8_0 there (the embeddings read by row, like the codebooks, are exact)."""
+    of every matmul whose weight is q8_0 there (the embeddings read by row, like the codebooks, are exact), but
+    DSpark's W2 only where ggml multiplies by it (the chain in the graph; the engine's numpy chain does not
+    round)."""
     tinfo = read_target(target)
     src = read_source(str(folder), tinfo)
     path = write_dflash_gguf(src.tensors, src.config, target, out, outtype=outtype)
@@ -119,8 +122,10 @@ def _convert(folder, target, out, outtype):
                  if t.tensor_type == gguf.GGMLQuantizationType.Q8_0}
     hooked = [m.register_forward_pre_hook(lambda _m, args: (_q8_0_rounded(args[0]),))
               for name, m in runs.named_modules()
-              if isinstance(m, torch.nn.Linear) and gguf_tensor_name(f"{name}.weight") in quantized]
+              if isinstance(m, torch.nn.Linear) and gguf_tensor_name(f"{name}.weight") in quantized
+              and (markov_in_graph or not name.startswith("markov"))]
     assert hooked and any(n.startswith(("selector", "markov", "blk.0.attn_conv")) for n in quantized)
+    assert markov_in_graph or not any(n.startswith("markov") for n in quantized) or len(hooked) < len(quantized)
     return path, checkpoint, runs
 
 
@@ -130,13 +135,16 @@ def _reference(src):
     return model.eval()
 
 
-def _engine_drafts(target, drafter_path, feats, n, *, confidence=False) -> list[EngineDraft]:
+def _engine_drafts(target, drafter_path, feats, n, *, confidence=False, markov_in_graph=None) -> list[EngineDraft]:
+    """markov_in_graph (DSpark): where the chain runs, None for the engine's choice."""
     out = []
     with ExitStack() as st:
         tm = st.enter_context(closing(Model(target)))
         dm = st.enter_context(closing(Model(drafter_path)))
         tc = st.enter_context(closing(Context(tm, EXACT)))
-        drafter = st.enter_context(closing(open_drafter(dm, tc, EXACT, tm)))
+        drafter = st.enter_context(closing(open_drafter(dm, tc, EXACT, tm) if markov_in_graph is None else
+                                           EngineDSpark(dm, tc, EXACT, tm, markov_in_graph=markov_in_graph)))
+        dspark = isinstance(drafter, EngineDSpark)
         if confidence:
             drafter.ctx.enable_nextn()
         rows, done = drafter.block_size, 0
@@ -144,10 +152,13 @@ def _engine_drafts(target, drafter_path, feats, n, *, confidence=False) -> list[
         for end, anchor in zip(ROUNDS, ANCHORS):
             drafter.process(feats[done:end], done)
             done = end
-            proposal = drafter.draft(anchor, end, n, want_logits=False)
+            proposal = drafter.draft(anchor, end, n, want_logits=dspark)
             lattice = tuple(np.array(a) for a in drafter.lattice(rows)) if drafter.member == DFLASH2 else None
             conf = np.array(drafter.ctx.nextn_rows(rows)[:, 0]) if confidence else None
-            out.append(EngineDraft(proposal.tokens, np.array(drafter.ctx.logits_all(rows)), lattice, conf))
+            logits = np.array(drafter.ctx.logits_all(rows))
+            if dspark:                        # the chain's rows (the numpy chain's are not in llama.cpp's buffer)
+                logits[rows - n:] = proposal.logits
+            out.append(EngineDraft(proposal.tokens, logits, lattice, conf))
     return out
 
 
@@ -234,17 +245,23 @@ def test_dflash2_drafts_match_torch_reference(tmp_path, target, feats, variant):
         assert np.abs(causal - drafts[0].logits).max() > 0.1
 
 
+@pytest.mark.parametrize("chain", ["numpy", "graph"])
 @pytest.mark.parametrize("variant", list(DSPARK_VARIANTS))
-def test_dspark_drafts_match_torch_reference(tmp_path, target, feats, variant):
+def test_dspark_drafts_match_torch_reference(tmp_path, target, feats, variant, chain):
+    """Both places the Markov chain runs: the engine's numpy chain (drafters on the CPU) and llama.cpp's graph
+    (offloaded drafters; the confidence head is computed there only)."""
     v = DSPARK_VARIANTS[variant]
+    in_graph = chain == "graph"
+    read_confidence = v["confidence"] and in_graph
     target_path, emb, head = target
     tensors = dspark_tensors(TINY_DRAFTER, rank=v["rank"], confidence=v["confidence"], seed=3)
     folder = write_dspark_folder(tmp_path / "dspark_tiny_block8", TINY_DRAFTER, tensors, rank=v["rank"],
                                  confidence=v["confidence"], sample_from_anchor=v["anchor"])
-    path, checkpoint, model = _convert(folder, target_path, tmp_path / "d.gguf", v["outtype"])
+    path, checkpoint, model = _convert(folder, target_path, tmp_path / "d.gguf", v["outtype"], markov_in_graph=in_graph)
     first = model.first_draft_row
     assert first == (0 if v["anchor"] in (True, None) else 1)
-    drafts = _engine_drafts(target_path, path, feats, model.config.block_size - first, confidence=v["confidence"])
+    drafts = _engine_drafts(target_path, path, feats, model.config.block_size - first, confidence=read_confidence,
+                            markov_in_graph=in_graph)
     err_logits = err_conf = bias_of_chain = bias_of_anchor = 0.0
     ckpt_logits, ckpt_tokens = [], []
     for end, anchor, d in zip(ROUNDS, ANCHORS, drafts):
@@ -260,7 +277,7 @@ def test_dspark_drafts_match_torch_reference(tmp_path, target, feats, variant):
         chained = chain.logits.numpy()
         ref = np.concatenate([raw[:first], chained])                    # bonus anchor: row 0 passes unbiased
         err_logits = max(err_logits, np.abs(ref - d.logits).max())
-        if v["confidence"]:
+        if read_confidence:
             err_conf = max(err_conf, np.abs(chain.confidence.numpy() - d.confidence[first:]).max())
         bias_of_chain = max(bias_of_chain, np.abs(chained - raw[first:]).max())
         bias_of_anchor = max(bias_of_anchor, np.abs(chained - raw[first:] - anchor_bias).max())

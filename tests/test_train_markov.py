@@ -241,6 +241,37 @@ def test_llama_cpp_chains_the_head_as_torch_does(tmp_path, dspark, outtype, tol)
     np.testing.assert_allclose(got[0, vocab.token_ids], base[0].numpy(), atol=tol)    # the anchor row: no bias
 
 
+@pytest.mark.parametrize("outtype, tol", [("f32", 1e-3), ("q8_0", 0.15)])
+def test_the_engine_chains_the_head_over_the_draft_vocabulary_as_torch_does(tmp_path, dspark, outtype, tol):
+    """On the CPU the engine runs the chain itself, over the draft vocabulary (d2t) with W1/W2 read from the
+    file: its drafts and chained logits equal the torch head's chain, -inf outside the draft vocabulary."""
+    from dflash_gguf.engine.dspark import DSparkDrafter
+    from dflash_gguf.native.wrappers import Context, ContextSettings, Model
+    target, tr, vocab = dspark
+    out = _export(tmp_path, target, tr, vocab, outtype)
+    feats = np.random.default_rng(1).standard_normal((24, len(TAPS) * H)).astype(np.float32)
+    cs = ContextSettings(**EXACT)
+    with ExitStack() as st:
+        tm = st.enter_context(closing(Model(target)))
+        tc = st.enter_context(closing(Context(tm, cs)))
+        drafter = st.enter_context(closing(DSparkDrafter(Model(out), tc, cs, tm)))
+        assert drafter.markov is not None and len(drafter.markov.columns) == len(vocab.token_ids)
+        drafter.begin()
+        drafter.process(feats, 0)
+        proposal = drafter.draft(17, 24, 7, want_logits=True)
+    ids = torch.as_tensor(vocab.token_ids)
+    with torch.no_grad():
+        m = tr.model.float()
+        block = [17] + [tr.config.mask_token_id] * 7
+        h = m(tr.embed[torch.tensor(block)][None], torch.tensor(feats)[None], torch.arange(24, 32)[None],
+              torch.arange(24)[None])[0]
+        want = m.markov_head.chain((h @ tr.head.t())[1:], first_prev=17, column_ids=ids).numpy()
+    ours = proposal.logits[:, vocab.token_ids]
+    assert np.isneginf(np.delete(proposal.logits, vocab.token_ids, axis=1)).all()
+    assert np.abs(ours - want).max() <= tol, np.abs(ours - want).max()
+    assert proposal.tokens == [int(vocab.token_ids[j]) for j in want.argmax(1)]
+
+
 def test_w1_spans_the_vocabulary_w2_the_draft_one_and_the_file_reads_back(tmp_path, dspark):
     """llama.cpp indexes W1 by any target token (create_tensor {rank, n_vocab}) and W2 gives one bias per head
     row ({rank, n_vocab_draft}); the validator asks the same, and our reader/writer round-trip the pair."""

@@ -25,10 +25,23 @@ ap.add_argument("drafters", type=Path, nargs="+")
 ap.add_argument("--target", type=Path, default=None, help="default: the embedded default target")
 ap.add_argument("--threads", type=int, default=1)
 ap.add_argument("--rounds", type=int, default=3)
+ap.add_argument("--dspark-chain", choices=["engine", "graph", "both"], default="engine",
+                help="DSpark drafters: time the Markov chain where the engine runs it (numpy on the CPU), in "
+                     "llama.cpp's graph, or both side by side")
 a = ap.parse_args()
 
-engines = {p: Engine(EngineSettings(target=a.target, drafter=p, n_threads=a.threads, adaptive=False)) for p in a.drafters}
-curves = {p: [] for p in a.drafters}
+
+def opened(path: Path, in_graph: bool | None) -> Engine:
+    engine = Engine(EngineSettings(target=a.target, drafter=path, n_threads=a.threads, adaptive=False))
+    if in_graph is not None and hasattr(engine.drafter, "place_chain"):
+        engine.drafter.place_chain(in_graph)
+    return engine
+
+
+places = {"engine": [(None, "")], "graph": [(True, " [chain in graph]")],
+          "both": [(None, ""), (True, " [chain in graph]")]}[a.dspark_chain]
+engines = {f"{p}{label}": opened(p, where) for p in a.drafters for where, label in places}
+curves = {p: [] for p in engines}
 for _ in range(a.rounds):
     for p, engine in engines.items():
         curves[p].append(engine.measure_cost_curve())

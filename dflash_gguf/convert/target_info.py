@@ -32,7 +32,7 @@ class TargetInfo:
 
 
 def read_gguf(path: Path, what: str = "file"):
-    """A GGUF reader for `path` (gguf_fast: the GGUFReader API subset convert uses), reused while the file
+    """A GGUF reader for `path` (gguf_reader: the GGUFReader API subset convert uses), reused while the file
     is unchanged: convert and inspect look at the same header several times."""
     path = Path(path)
     if not path.is_file():
@@ -47,7 +47,7 @@ def _key(path: Path) -> tuple[str, int, int]:
 
 @functools.lru_cache(maxsize=4)
 def _reader(shown: str, resolved: str, size: int, mtime_ns: int):
-    from .gguf_fast import open_gguf  # noqa: PLC0415
+    from ..gguf_reader import open_gguf  # noqa: PLC0415
     return open_gguf(shown)
 
 

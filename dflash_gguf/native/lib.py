@@ -19,7 +19,7 @@ from types import ModuleType
 
 from . import build as _build
 
-EXPECTED_API_VERSION = 1
+EXPECTED_API_VERSION = 2
 BUILD_HINT = "build it with `dflash-gguf build` (or `python tools/build_native.py`)"
 
 
@@ -94,6 +94,7 @@ class DFlashAPI:
                                                 ctypes.c_int32),
         "llama_dflash_model_block_size": ([ctypes.c_void_p], ctypes.c_int32),
         "llama_dflash_model_mask_token": ([ctypes.c_void_p], ctypes.c_int32),
+        "llama_dflash_set_markov_head_in_graph": ([ctypes.c_void_p, ctypes.c_bool], ctypes.c_int32),
     }
 
     # llama-ext.h staging API of the pinned tree, C++ linkage: the DFlash2 selector lattice and the DSpark

@@ -71,6 +71,7 @@ class Model:
         self.native: NativeLibrary = load()
         L = self.native.llama_cpp
         self.path = Path(path)
+        self.n_gpu_layers, self.devices = n_gpu_layers, tuple(devices)
         if not self.path.is_file():
             raise ModelLoadError(f"{self.path}: no such file")
         params = L.llama_model_default_params()
@@ -105,6 +106,15 @@ class Model:
         self.n_embd = L.llama_model_n_embd(self.ptr)
         self.n_layer = L.llama_model_n_layer(self.ptr)
         self.arch = self.meta("general.architecture") or "?"
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether layers of this model were offered to a GPU device (-ngl != 0 and the build has one, or
+        devices were named)."""
+        if self.n_gpu_layers == 0 or list(self.devices) == ["none"]:
+            return False
+        from .offload import gpu_free_bytes  # noqa: PLC0415
+        return bool(self.devices) or bool(gpu_free_bytes(self.native))
 
     # metadata -------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -262,6 +272,12 @@ class Context:
 
     def set_causal(self, causal: bool) -> None:
         self.native.llama_cpp.llama_set_causal_attn(self.ptr, causal)
+
+    def set_markov_head_in_graph(self, in_graph: bool) -> None:
+        """DSpark drafters: chain the Markov head in the dflash graph (llama.cpp's default), or return the
+        backbone's logits and leave the chain to the caller (patches/0009)."""
+        if self.native.dflash.set_markov_head_in_graph(self.ptr, in_graph) != 0:
+            raise ModelLoadError(f"{self.model.path.name}: not a DSpark drafter (no markov_w1.weight)")
 
     # taps ------------------------------------------------------------------------------------
     def set_taps(self, layer_ids: Sequence[int]) -> None:

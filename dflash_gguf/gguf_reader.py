@@ -1,4 +1,4 @@
-"""A fast little-endian GGUF reader with the part of gguf-py's GGUFReader API convert uses.
+"""A fast little-endian GGUF reader with the part of gguf-py's GGUFReader API convert and the engine use.
 
 gguf-py builds one numpy array per metadata string: 5.5 s for SmolLM2's 49k-token vocabulary on our
 CI machine kind, several times that for 150k-token targets. Here string arrays are decoded in one loop
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..gguf_check import BigEndianGGUF, Field, parse_header
+from .gguf_check import BigEndianGGUF, Field, parse_header
 
 _PLAIN = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,
           "I32": np.int32, "I64": np.int64}

@@ -1,4 +1,4 @@
-"""gguf_fast reads exactly what gguf-py's GGUFReader reads (fields, types, tensor layout and bytes)."""
+"""gguf_reader reads exactly what gguf-py's GGUFReader reads (fields, types, tensor layout and bytes)."""
 
 import importlib.util
 from pathlib import Path
@@ -7,7 +7,7 @@ import gguf
 import numpy as np
 import pytest
 
-from dflash_gguf.convert.gguf_fast import FastGGUFReader
+from dflash_gguf.gguf_reader import FastGGUFReader
 from dflash_gguf.gguf_check import BadModelFile
 from engine_helpers import write_tiny_llama
 
