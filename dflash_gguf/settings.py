@@ -26,6 +26,7 @@ class EngineSettings:
     draft_max: int | None = None         # None: block size - 1
     draft_min: int = 1
     adaptive: bool = True
+    draft_confidence: bool = True        # verify only the drafted slots a confidence head rates worth it (DSpark)
     draft_ctx: int | None = None         # drafter KV window; None: the target's n_ctx
     draft_n_gpu_layers: int | None = None
     t_mode: str = "rejection"            # T>0 verification: "rejection" | "match"

@@ -240,3 +240,41 @@ def test_engine_decodes_t_above_zero_in_rejection_mode_with_family_drafters(smol
     _assert_drawn_from_verified_q(blocks, engine.drafter, SamplingParams(temperature=1.0, top_k=8),
                                   engine.target_model.n_vocab)
     engine.close()
+
+
+def test_confidences_are_the_same_from_the_graph_and_from_the_numpy_chain(target, drafters):
+    """The confidence head where llama.cpp computes it (chain in the graph) and where the engine does (numpy
+    chain: the head on the hidden rows the graph hands over): the same value for every drafted slot."""
+    prompt = target.model.tokenize("The capital of France is", add_special=False)
+    got = {}
+    for in_graph in (True, False):
+        d = DSparkDrafter(Model(drafters["dspark"]), target.ctx, SETTINGS, target.model, markov_in_graph=in_graph)
+        assert d.rate_slots()
+        target.reset()
+        d.begin()
+        last = int(target.prefill(prompt, d.process).argmax())
+        proposal = d.draft(last, len(prompt), 7, want_logits=False)
+        got[in_graph] = proposal
+        d.close()
+    assert got[True].tokens == got[False].tokens
+    assert got[True].confidence.std() > 0.01
+    np.testing.assert_allclose(got[False].confidence, got[True].confidence, atol=1e-5)
+
+
+def test_greedy_equals_plain_when_confidences_trim_the_blocks(target, drafters):
+    """The adaptive policy verifies only the slots the confidence head rates worth their rows: output unchanged."""
+    from dflash_gguf.engine.policy import CostCurve
+    drafter = DSparkDrafter(Model(drafters["dspark"]), target.ctx, SETTINGS, target.model)
+    assert drafter.markov is not None and drafter.rate_slots()
+    plain = SpecDecoder(target, None, DraftLengthPolicy(1, adaptive=False))
+    policy = DraftLengthPolicy(7, cost=CostCurve({1: 1.0, 2: 1.2, 4: 1.6, 8: 3.0}, t_draft=0.2), probe_every=1)
+    spec = SpecDecoder(target, drafter, policy)
+    spec.debug_check_positions = True
+    trimmed = verified = 0
+    for i, text in enumerate(project_prompts(per_category=1)):
+        prompt = target.model.tokenize(text, add_special=False)
+        ref = plain.generate(prompt, 40, stop_tokens=_never_stop).tokens
+        res = spec.generate(prompt, 40, stop_tokens=_never_stop)
+        assert res.tokens == ref, f"prompt {i}: output diverged from plain decoding"
+        trimmed, verified = trimmed + res.n_trimmed, verified + res.n_drafted
+    assert trimmed > 0 and verified > 0, (trimmed, verified)

@@ -140,3 +140,20 @@ def test_a_new_generation_starts_from_what_the_last_one_learned():
     _feed(p, 7)
     p.reset()
     assert p.choose() > 0 and p.slots.alpha()[0] > 0.9
+
+
+def test_trim_keeps_the_slots_whose_confidence_pays_for_their_rows():
+    """E(k) / (t_draft + t(k+1)) with E(k) = 1 + Σ_{j≤k} Π_{i≤j} c_i, written out for a steep CPU-like curve."""
+    cost = CostCurve({1: 1.0, 2: 1.2, 4: 1.6, 8: 3.0}, t_draft=0.2)
+    p = DraftLengthPolicy(7, cost=cost)
+    conf = np.array([0.9, 0.8, 0.2, 0.9, 0.9, 0.9, 0.9])
+    rates = []
+    for k in range(8):
+        e = 1 + sum(np.prod(conf[:j]) for j in range(1, k + 1))
+        rates.append(e / (0.2 + cost.verify(k + 1)))
+    assert p.trim(conf) == int(np.argmax(rates)) == 2
+    assert p.trim(np.full(7, 0.99)) == 7                     # confident throughout: verify them all
+    assert p.trim(np.full(7, 0.01)) == 0                     # no slot worth a row: a plain verify
+    p.use_confidence = False
+    assert p.trim(conf) == 7
+    assert DraftLengthPolicy(7, adaptive=False).trim(conf) == 7   # no cost curve: nothing to weigh

@@ -123,12 +123,11 @@ H, TAPS, N_VOCAB = 64, [1, 3], 128     # big enough for the Markov tensors to be
 EXACT = dict(n_ctx=128, n_batch=64, n_ubatch=64, n_threads=1, type_k="f32", type_v="f32", flash_attn="off")
 
 
-@pytest.fixture(scope="module")
-def dspark(tmp_path_factory):
+def _tiny_dspark(tmp_path, **settings):
     """(target, trainer, draft vocabulary): a tiny target, a dataset of its shape, a DSpark trainer with an
     80-token draft vocabulary after a few steps, its Markov head then made large enough to change drafts (a few
     steps leave it small)."""
-    tmp_path, rank, k = tmp_path_factory.mktemp("dspark"), 64, 80
+    rank, k = 64, 80
     from dflash_gguf.convert import draft_vocab as dv
     from dflash_gguf.convert.target_info import read_target
     from dflash_gguf.train.harvest import DatasetWriter
@@ -151,7 +150,7 @@ def dspark(tmp_path_factory):
     counts = np.bincount(data.written_tokens(), minlength=N_VOCAB)
     vocab = dv.build(target, counts, k, [])
     settings = TrainSettings(n_layers=1, block_size=8, rows=700, anchors_per_seq=8, eval_every=10**9,
-                             init_from_target=False, markov_rank=rank)
+                             init_from_target=False, markov_rank=rank, **settings)
     tr = Trainer(data, config, embed, head, settings, draft_vocab=vocab.token_ids)
     tr.arch = info.arch
     tr.train(tmp_path / "ck", progress=False)
@@ -159,6 +158,11 @@ def dspark(tmp_path_factory):
         tr.model.markov_head.markov_w1.weight.normal_(0, 1.0)
         tr.model.markov_head.markov_w2.weight.normal_(0, 0.3)
     return target, tr, vocab
+
+
+@pytest.fixture(scope="module")
+def dspark(tmp_path_factory):
+    return _tiny_dspark(tmp_path_factory.mktemp("dspark"))
 
 
 def _export(tmp_path, target, tr, vocab, outtype):
@@ -296,3 +300,38 @@ def test_w1_spans_the_vocabulary_w2_the_draft_one_and_the_file_reads_back(tmp_pa
                               draft_vocab=src.draft_vocab)
     dims = {t.name: t.dims for t in parse_header(again).tensors}
     assert dims["markov_w1.weight"] == (64, N_VOCAB) and dims["markov_w2.weight"] == (64, 80)
+
+
+def test_a_trained_confidence_head_exports_and_llama_cpp_computes_it_as_torch_does(tmp_path):
+    """`--confidence-head`: the file carries conf_proj (validated, inspect names it), and llama.cpp's graph
+    computes each draft slot's confidence from the hidden state and W1 of the token drafted before it, as the
+    trainer's head does."""
+    from dflash_gguf.convert.inspect_drafter import inspect_drafter
+    from dflash_gguf.engine.dspark import DSparkDrafter
+    from dflash_gguf.native.wrappers import Context, ContextSettings, Model
+    target, tr, vocab = _tiny_dspark(tmp_path, confidence_head=True)
+    with torch.no_grad():                       # a head that says something: not the few steps' near-constant
+        tr.model.confidence_head.proj.weight.normal_(0, 0.3)
+    out = _export(tmp_path, target, tr, vocab, "f32")
+    report = inspect_drafter(out, target)
+    assert report["family"] == "DSpark" and report["confidence_head"] is True
+    feats = np.random.default_rng(1).standard_normal((24, len(TAPS) * H)).astype(np.float32)
+    cs = ContextSettings(**EXACT)
+    with ExitStack() as st:
+        tm = st.enter_context(closing(Model(target)))
+        tc = st.enter_context(closing(Context(tm, cs)))
+        drafter = st.enter_context(closing(DSparkDrafter(Model(out), tc, cs, tm, markov_in_graph=True)))
+        drafter.ctx.enable_nextn()
+        drafter.begin()
+        drafter.process(feats, 0)
+        proposal = drafter.draft(17, 24, 7, want_logits=False)
+        got = np.array(drafter.ctx.nextn_rows(8)[1:, 0])         # bonus-anchor layout: rows 1..7 are the drafts
+    with torch.no_grad():
+        m = tr.model.float()
+        block = [17] + [tr.config.mask_token_id] * 7
+        h = m(tr.embed[torch.tensor(block)][None], torch.tensor(feats)[None], torch.arange(24, 32)[None],
+              torch.arange(24)[None])[0]
+        before = torch.tensor([17] + proposal.tokens[:-1])
+        want = m.confidence_head(h[1:], m.markov_head.markov_w1(before)).numpy()
+    assert want.std() > 0.01                                        # power: the confidences differ by slot
+    np.testing.assert_allclose(got, want, atol=1e-4)

@@ -73,9 +73,13 @@ ap.add_argument("--snapshots", type=int, nargs="*", default=[], help="labelled r
 ap.add_argument("--manifest", action="store_true", help="record the result in dflash_gguf/assets/drafters.json")
 ap.add_argument("--ship", action="store_true", help="copy --out over the shipped drafter and record it in "
                 "drafters.json, only if its engine τ beats the shipped one's")
+ap.add_argument("--confidence-head", action="store_true", help="with --markov-rank: DeepSpec's confidence head, "
+                "trained to predict each slot's acceptance")
 a = ap.parse_args()
 if a.markov_rank < 0:
     ap.error(f"--markov-rank {a.markov_rank}: choose 0 (no Markov head) or a rank of at least 1")
+if a.confidence_head and not a.markov_rank:
+    ap.error("--confidence-head reads the Markov head's W1: add --markov-rank R (e.g. 64)")
 
 import torch  # noqa: E402
 
@@ -90,7 +94,8 @@ train = TrainSettings(n_layers=a.n_layers, block_size=recipe.BLOCK_SIZE, rows=a.
                       seqs_per_step=a.seqs_per_step, seed=a.train_seed, max_seconds=a.minutes * 60 if a.minutes else None,
                       eval_every=2000, eval_seqs=a.eval_seqs, ckpt_minutes=5.0, distill=a.distill,
                       tv=a.tv, cut_at_first_error=a.cut_at_first_error, supervised_slots=a.supervised_slots,
-                      gamma=a.gamma, short_blocks=a.short_blocks, markov_rank=a.markov_rank)
+                      gamma=a.gamma, short_blocks=a.short_blocks, markov_rank=a.markov_rank,
+                      confidence_head=a.confidence_head)
 if a.harvest_only:
     from dflash_gguf.train.harvest import harvest as run_harvest  # noqa: E402
     shard = tuple(int(x) for x in a.shard.split("/"))

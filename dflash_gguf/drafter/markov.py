@@ -46,6 +46,21 @@ class MarkovHead(nn.Module):
         return torch.stack(out)
 
 
+class ConfidenceHead(nn.Module):
+    """Acceptance estimate of a slot: sigmoid(proj([h; W1[prev]])) (DeepSpec confidence_head_with_markov): h the
+    slot's final-normed hidden state, W1[prev] the Markov embedding of the token before it."""
+
+    def __init__(self, hidden_size: int, rank: int):
+        super().__init__()
+        self.proj = nn.Linear(hidden_size + rank, 1)
+
+    def logit(self, hidden: torch.Tensor, prev_embedding: torch.Tensor) -> torch.Tensor:
+        return self.proj(torch.cat([hidden, prev_embedding], dim=-1))[..., 0]
+
+    def forward(self, hidden: torch.Tensor, prev_embedding: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.logit(hidden, prev_embedding))
+
+
 def teacher_forced_prev(block_tokens: np.ndarray, labels: np.ndarray, slot: np.ndarray) -> np.ndarray:
     """[S] the token before each block row: the anchor for slot 1, the previous slot's label after it (the
     target's own token). Rows without a label (and anchor rows) get 0; they carry no loss."""

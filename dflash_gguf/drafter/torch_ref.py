@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import DrafterConfig
-from .markov import MarkovHead
+from .markov import ConfidenceHead, MarkovHead
 
 
 class RMSNorm(nn.Module):
@@ -139,6 +139,10 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_eps)
         self.markov_head = MarkovHead(c.vocab_size, c.markov_rank, markov_columns) \
             if c.markov_rank and markov_columns else None
+        self.confidence_head = None
+        if c.confidence_head and self.markov_head is not None:
+            with torch.random.fork_rng(devices=[]):      # the backbone's initialisation stays what it was without
+                self.confidence_head = ConfidenceHead(c.hidden_size, c.markov_rank)
         # Official semantics (z-lab dflash): sliding layers are causal inside the block unless the config says
         # is_causal: false (DFlash2 does; then every layer sees the whole block), as our patched llama.cpp runs
         # them (patches/0005). Stock llama.cpp 0c1e57098 always runs them non-causally (later block positions

@@ -133,17 +133,6 @@ class DFlash2Drafter(DFlashDrafter):
 
 # --- DSpark --------------------------------------------------------------------------------------------
 
-class ConfidenceHead(nn.Module):
-    """Acceptance estimate of a slot: sigmoid(proj([h; W1[prev]])) (DeepSpec confidence_head_with_markov)."""
-
-    def __init__(self, hidden_size: int, rank: int):
-        super().__init__()
-        self.proj = nn.Linear(hidden_size + rank, 1)
-
-    def forward(self, hidden: torch.Tensor, prev_embedding: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.proj(torch.cat([hidden, prev_embedding], dim=-1))[..., 0])
-
-
 @dataclass
 class MarkovChain:
     logits: torch.Tensor                  # [n, V] backbone logits + the Markov bias of each slot's predecessor
@@ -158,9 +147,7 @@ class DSparkDrafter(DFlashDrafter):
     SpecForge exports as llama.cpp reads them) drafts from rows 1..S-1, row 1's predecessor the anchor."""
 
     def __init__(self, config: DrafterConfig):
-        super().__init__(config, markov_columns=config.vocab_size)      # the Markov head: drafter/markov.py
-        self.confidence_head = (ConfidenceHead(config.hidden_size, config.markov_rank) if config.confidence_head
-                                else None)
+        super().__init__(config, markov_columns=config.vocab_size)      # Markov and confidence heads: markov.py
 
     @property
     def first_draft_row(self) -> int:

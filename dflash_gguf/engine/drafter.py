@@ -26,6 +26,15 @@ class Proposal:
     tokens: list[int]                 # d1..dn
     logits: np.ndarray | None = None  # [n, V] drafter logits for d1..dn (needed for T>0), a copy
     q: np.ndarray | None = None       # [n, V] proposal distributions the tokens were drawn from (T>0)
+    confidence: np.ndarray | None = None   # [n] the drafter's own estimate that each slot is accepted given the
+                                           # slots before it were (DSpark's confidence head), when it has one
+
+    def first(self, k: int) -> "Proposal":
+        """The first k drafts (k <= n), with their logits, q and confidences."""
+        if k >= len(self.tokens):
+            return self
+        cut = (lambda a: None if a is None else a[:k])
+        return Proposal(self.tokens[:k], cut(self.logits), cut(self.q), cut(self.confidence))
 
 
 class DraftSource(Protocol):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..gguf_check import parse_header
 from ..gguf_family import DSPARK, SAMPLE_FROM_ANCHOR_KEY
 from ..gguf_reader import open_gguf
 from .drafter import DFlashDrafter, Proposal
@@ -45,6 +46,11 @@ class MarkovHead:
         d2t = tensors.get("d2t")
         self.columns = None if d2t is None else np.asarray(d2t.data, dtype=np.int64).reshape(-1)
         self._rows: dict[int, np.ndarray] = {}
+        # the confidence head, sigmoid(w · [h; W1[prev]] + b), split into its hidden and Markov parts
+        conf = tensors.get("conf_proj.weight")
+        self.conf_w = None if conf is None else self._dense(conf).reshape(-1)
+        bias = tensors.get("conf_proj.bias")
+        self.conf_b = 0.0 if bias is None else float(self._dense(bias).reshape(-1)[0])
 
     def _dense(self, t, rows=slice(None)) -> np.ndarray:
         data = t.data[rows]
@@ -52,12 +58,21 @@ class MarkovHead:
             return self._dequantize(data, t.tensor_type).astype(np.float32)
         return np.asarray(data, dtype=np.float32)
 
-    def bias(self, prev: int) -> np.ndarray:
-        """[columns] W2·W1[prev]."""
+    def w1(self, prev: int) -> np.ndarray:
         row = self._rows.get(prev)
         if row is None:
             row = self._rows[prev] = self._dense(self._w1, slice(prev, prev + 1)).reshape(self.rank)
-        return self.w2 @ row
+        return row
+
+    def bias(self, prev: int) -> np.ndarray:
+        """[columns] W2·W1[prev]."""
+        return self.w2 @ self.w1(prev)
+
+    def confidence(self, hidden: np.ndarray, prevs: list[int]) -> np.ndarray:
+        """[n] the confidence head on hidden rows [n, H] whose slots follow the tokens `prevs`."""
+        H = hidden.shape[1]
+        z = hidden @ self.conf_w[:H] + np.array([self.w1(p) for p in prevs]) @ self.conf_w[H:] + self.conf_b
+        return 1.0 / (1.0 + np.exp(-z))
 
 
 class DSparkDrafter(DFlashDrafter):
@@ -69,7 +84,16 @@ class DSparkDrafter(DFlashDrafter):
         super().__init__(*args, **kwargs)
         self.anchor_first = (self.model.meta(SAMPLE_FROM_ANCHOR_KEY) or "true").lower() == "true"
         self.markov: MarkovHead | None = None
+        self.rates_slots = False                 # hand the confidence head's estimates to the loop
         self.place_chain(self.model.on_gpu if markov_in_graph is None else markov_in_graph)
+
+    def rate_slots(self) -> bool:
+        """Return each draft's confidence from now on (DSpark's confidence head); False when the file has none."""
+        if not any(t.name == "conf_proj.weight" for t in parse_header(self.model.path).tensors):
+            return False
+        self.ctx.enable_nextn()                 # the head's output (graph) or its input rows (numpy chain)
+        self.rates_slots = True
+        return True
 
     def place_chain(self, in_graph: bool) -> None:
         """Chain the Markov head in llama.cpp's graph or here (from the next draft on)."""
@@ -83,8 +107,13 @@ class DSparkDrafter(DFlashDrafter):
         logits = self.ctx.logits_all(rows)[first:first + n]
         if self.markov is None:
             proposal = Proposal([int(t) for t in logits.argmax(axis=1)], np.array(logits) if want_logits else None)
+            if self.rates_slots:                 # the graph's head wrote them, broadcast over nextn rows
+                proposal.confidence = np.array(self.ctx.nextn_rows(rows)[first:first + n, 0], dtype=np.float64)
         else:
             proposal = self.chain(logits, last_token, want_logits, pick)
+            if self.rates_slots:                 # nextn rows hold the head's input: the final-normed hidden rows
+                hidden = np.asarray(self.ctx.nextn_rows(rows)[first:first + n], dtype=np.float64)
+                proposal.confidence = self.markov.confidence(hidden, [last_token] + proposal.tokens[:-1])
         self.ctx.seq_rm(pos, -1)
         return proposal
 

@@ -50,6 +50,7 @@ class GenerationResult:
     n_plain_steps: int = 0
     n_drafted: int = 0
     n_accepted: int = 0
+    n_trimmed: int = 0                     # drafts left unverified because the drafter's confidence said so
     slots: SlotCounts = field(default_factory=SlotCounts)
     timings: Timings = field(default_factory=Timings)
 
@@ -146,6 +147,10 @@ class SpecDecoder:
         pos = self.target.n_past
         t0 = time.perf_counter()
         proposal = self.draft(last, pos, n, sampling, rng) if n > 0 else Proposal([])
+        drafted = n
+        if proposal.confidence is not None:                                # verify only the slots worth it
+            proposal = proposal.first(self.policy.trim(proposal.confidence))
+            n = len(proposal.tokens)
         t1 = time.perf_counter()
         rows = self.target.decode_rows([last] + proposal.tokens)          # [n+1, V]
         verdict = self.verify(proposal, rows, sampling, rng)
@@ -162,12 +167,14 @@ class SpecDecoder:
         if n == 0:
             res.n_plain_steps += 1
         res.n_drafted += n
+        res.n_trimmed += drafted - n
         res.n_accepted += verdict.n_accepted
         res.slots.record(n, verdict.n_accepted)
         res.timings.draft_s += t1 - t0
         res.timings.verify_s += t2 - t1
         res.timings.inject_s += t3 - t2
-        self.policy.observe(n, verdict.n_accepted, verify_s=t2 - t1, draft_s=(t1 - t0) if n else None)
+        self.policy.observe(n, verdict.n_accepted, verify_s=t2 - t1, draft_s=(t1 - t0) if drafted else None,
+                           draft_n=drafted if drafted != n else None)
         if self.debug_check_positions:
             self.check_positions()
         return verdict.emitted(proposal.tokens)

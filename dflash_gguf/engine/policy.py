@@ -187,6 +187,7 @@ class DraftLengthPolicy:
         self._plain_streak = 0
         self._probe_gap = probe_every
         self.last_reason = "fixed" if not self.adaptive else "init"
+        self.use_confidence = True          # trim blocks by the drafter's confidences, where it gives them
 
     def reset(self) -> None:
         """A new generation starts from the α the last one ended with (weighted like the prior), not from the
@@ -230,8 +231,24 @@ class DraftLengthPolicy:
         self.last_reason = "plain: speculation would lose"
         return 0
 
+    def trim(self, confidence: np.ndarray) -> int:
+        """How many of a drafted block's slots to verify when the drafter rates each (DSpark's confidence head:
+        c_i, the chance slot i is accepted once the slots before it were): the k with the best
+        E(k) / (t_draft + t(k+1)), E(k) = 1 + Σ_{j≤k} Π_{i≤j} c_i; all of them without a cost curve or with
+        `use_confidence` off. Lossless at any k: the choice reads only the drafter."""
+        n = len(confidence)
+        if not (self.adaptive and self.use_confidence) or n == 0:
+            return n
+        e = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(np.asarray(confidence, np.float64)))])
+        t = self.cost.verifies(np.arange(1, n + 2)) + self.cost.draft(n)
+        return int(np.argmax(e / t))
+
     def observe(self, n_drafted: int, n_accepted: int, verify_s: float | None = None,
-                draft_s: float | None = None) -> None:
+                draft_s: float | None = None, draft_n: int | None = None) -> None:
+        """n_drafted: drafts verified; draft_n: drafts the draft call made, when `trim` kept fewer."""
+        if draft_n and draft_s is not None and self.cost is not None:
+            self.cost.observe_draft(draft_s, draft_n)
+            draft_s = None
         if n_drafted == 0 and verify_s is not None and self.cost is not None:
             # a plain step: only t(1) moves; inlined, it runs every token of a plain streak
             t, w = self.cost.t, self.cost.smoothing

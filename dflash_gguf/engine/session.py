@@ -87,6 +87,8 @@ class Engine:
             self.drafter.short_blocks = self.cost.short_blocks
         self.policy = DraftLengthPolicy(self.draft_max, min(s.draft_min, self.draft_max),
                                         adaptive=s.adaptive, cost=self.cost)
+        self.policy.use_confidence = s.draft_confidence and self.policy.adaptive and bool(
+            getattr(self.drafter, "rate_slots", lambda: False)())
         self.spec = SpecDecoder(self.target, self.drafter, self.policy, t_mode=s.t_mode)
         # Turning the taps off for plain decoding and on again re-reserves the scheduler, and any re-reserve on
         # lavapipe (Vulkan) crashes its queue thread (docs/vulkan.md): on device builds the taps stay on (plain

@@ -45,6 +45,8 @@ def register(app: typer.Typer) -> None:
         markov_rank: int = typer.Option(0, "--markov-rank", help="add a DSpark Markov head of this rank "
                                         "(W2·W1[previous token] on each slot's logits, chained on the drafted "
                                         "tokens): a DSpark drafter; 0: none, a DFlash drafter"),
+        confidence_head: bool = typer.Option(False, "--confidence-head", help="with --markov-rank: add DeepSpec's "
+                                             "confidence head, trained to predict each slot's acceptance"),
         short_blocks: float = typer.Option(0.0, "--short-blocks", help="share of training blocks cut to 2..B-1 "
                                            "rows (CPU engines draft n tokens with n+1 rows)"),
         loss_vocab_extra: Optional[int] = typer.Option(
@@ -86,6 +88,8 @@ def register(app: typer.Typer) -> None:
         if markov_rank < 0:
             raise UserError(f"--markov-rank {markov_rank}: choose 0 (no Markov head) or a rank of at least 1 "
                             "(e.g. 64; a multiple of 32 keeps W1 in Q8_0)")
+        if confidence_head and not markov_rank:
+            raise UserError("--confidence-head reads the Markov head's W1: add --markov-rank R (e.g. 64)")
         from ..engine.session import require_native
         from ..gguf_check import check_target
         check_target(model)            # the shared validation, before torch loads or llama.cpp sees the file
@@ -142,7 +146,7 @@ def register(app: typer.Typer) -> None:
                                  device=device, seed=seed, precision=precision, distill=distill,
                                  tv=tv, cut_at_first_error=cut_at_first_error,
                                  supervised_slots=supervised_slots, short_blocks=short_blocks,
-                                 markov_rank=markov_rank,
+                                 markov_rank=markov_rank, confidence_head=confidence_head,
                                  max_seconds=max_minutes * 60 if max_minutes else None,
                                  loss_vocab_extra=None if loss_vocab_extra < 0 else loss_vocab_extra)
         harvest_settings = HarvestSettings(taps=tap_ids, seed=seed, n_threads=threads, n_parallel=parallel,

@@ -8,7 +8,10 @@ to it. `cut_at_first_error` drops the rows after each block's first wrong slot; 
 slots past it.
 With `markov_rank` > 0 the drafter is a DSpark one: a low-rank Markov head (drafter/markov.py) adds
 W2·W1[previous token] to each slot's logits, teacher-forced on the target's tokens, and the same objective
-applies to the combined logits.
+applies to the combined logits. `confidence_head` adds DeepSpec's confidence head on top of it: sigmoid(proj([h;
+W1[prev]])) learns, by binary cross-entropy, whether each slot's argmax is the target's token given the true tokens
+before it (the acceptance of that slot once the slots before it were accepted). Its inputs are detached: it
+reads the drafter and changes nothing the drafter learns.
 The target's token embedding and LM head are frozen; only the drafter learns. Training is scheduled by
 labelled rows seen (block rows with a label), so a run can stop and resume anywhere.
 """
@@ -65,6 +68,7 @@ class TrainSettings:
     supervised_slots: int | None = None  # only slots 1..N carry loss
     grow_data: bool = False             # re-read the dataset after each pass (a harvest is still writing it)
     markov_rank: int = 0                # DSpark Markov head of this rank on the logits (0: none, a DFlash drafter)
+    confidence_head: bool = False       # with markov_rank: DeepSpec's confidence head, trained on slot acceptance
 
     def gamma_value(self) -> float:
         if self.gamma is not None:
@@ -95,7 +99,11 @@ class Trainer:
         self.torch = torch
         torch.manual_seed(settings.seed)
         if settings.markov_rank:        # DSpark, rows 1..n as DFlash (sample_from_anchor false): the harvest's layout
-            config = dataclasses.replace(config, markov_rank=settings.markov_rank, sample_from_anchor=False)
+            config = dataclasses.replace(config, markov_rank=settings.markov_rank, sample_from_anchor=False,
+                                         confidence_head=settings.confidence_head)
+        elif settings.confidence_head:
+            from ..errors import UserError  # noqa: PLC0415
+            raise UserError("a confidence head reads the Markov head's W1: add --markov-rank R (e.g. 64)")
         self.data, self.config, self.s = data, config, settings
         self.device = torch.device(settings.device)
         self.embed = torch.tensor(embed, dtype=torch.float32, device=self.device)      # [V, H] frozen
@@ -154,6 +162,7 @@ class Trainer:
             tensors[w2] = tensors[w2][self.draft_vocab.cpu().numpy()]
         has_head = any(k.startswith("markov_head.") for k in tensors)
         fresh = {k for k in sd if k.startswith("markov_head.") and not has_head}      # starts as a no-op
+        fresh |= {k for k in sd if k.startswith("confidence_head.") and k not in tensors}
         if has_head and self.model.markov_head is None:
             print(f"note: {source}: its Markov head is not trained on (train with --markov-rank to keep one)",
                   file=sys.stderr)
@@ -172,7 +181,9 @@ class Trainer:
         pos = torch.searchsorted(vocab, ids.clamp(min=0)).clamp(max=len(vocab) - 1)
         return torch.where((vocab[pos] == ids) & (ids >= 0), pos, torch.full_like(pos, -100))
 
-    def forward(self, pb: PackedBlocks, vocab: np.ndarray | None = None):
+    def forward(self, pb: PackedBlocks, vocab: np.ndarray | None = None, with_confidence: bool = False):
+        """(logits [R, V'], labels [R] (loss columns, -100 where absent), slots [R]) of the labelled block rows;
+        with_confidence: also the confidence head's logit of each row (inputs detached)."""
         """Logits [R, V'] of the rows with labels (slots ≥ 1), their labels as column indices (-100: a token
         outside the columns) and slots. Columns: the draft vocabulary if the trainer has one, else `vocab`
         ids (sorted, containing every label) or the whole vocabulary. With a Markov head the logits include
@@ -201,7 +212,20 @@ class Trainer:
             columns = None if self.draft_vocab is not None or vocab is None else torch.as_tensor(vocab, device=dev)
             logits = logits + self.model.markov_head.bias(prev, columns)
         slots = torch.as_tensor(pb.slot, device=dev)[rows]
+        if with_confidence:
+            conf = self.model.confidence_head.logit(hidden[0][rows].detach(),
+                                                    self.model.markov_head.markov_w1(prev).detach())
+            return logits, labels, slots, conf
         return logits, labels, slots
+
+    def confidence_loss(self, conf, logits, labels, pb: PackedBlocks):
+        """Binary cross-entropy of the confidence logits against each row's acceptance given the true tokens
+        before it (its argmax is the target's token); a row whose token the drafter cannot propose is a miss."""
+        torch = self.torch
+        has_token = torch.as_tensor(pb.labels[pb.slot > 0] >= 0, device=self.device)
+        accepted = (logits.argmax(-1) == labels).float()
+        per_row = torch.nn.functional.binary_cross_entropy_with_logits(conf.float(), accepted, reduction="none")
+        return (per_row * has_token).sum() / has_token.sum().clamp(min=1)
 
     def teacher(self, pb: PackedBlocks, vocab: np.ndarray | None = None):
         """[R, V'] soft targets: the target's top-K probabilities at each labelled row, renormalised over the
@@ -281,13 +305,16 @@ class Trainer:
             vocab = self._loss_vocab()          # after the packs: a data refresh may have brought new tokens
             for pb in packs:
                 with self._precision():
-                    out = self.forward(pb, vocab)
+                    out = self.forward(pb, vocab, with_confidence=self.model.confidence_head is not None)
                     soft = self.teacher(pb, vocab) if self.s.distill or self.s.tv else None
-                    loss = self.loss(*out, soft) / self.s.seqs_per_step
+                    loss = self.loss(*out[:3], soft)
+                    if len(out) == 4:         # its own parameters only (detached inputs; Adam: no weight needed)
+                        loss = loss + self.confidence_loss(out[3], out[0], out[1], pb)
+                    loss = loss / self.s.seqs_per_step
                 loss.backward()
                 total += loss.item()
                 rows += int((pb.slot > 0).sum())
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.grad_clip)
+            torch.nn.utils.clip_grad_norm_(self._drafter_parameters(), self.s.grad_clip)
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
             self.step += 1
@@ -359,6 +386,12 @@ class Trainer:
         return EvalResult(loss_sum / weight_sum if weight_sum else float("nan"), walk.slot_accept, walk.tau - 1.0,
                           anchor_tau)
 
+    def _drafter_parameters(self):
+        """Every parameter but the confidence head's: its gradient never scales the drafter's steps."""
+        head = self.model.confidence_head
+        skip = set() if head is None else {id(p) for p in head.parameters()}
+        return [p for p in self.model.parameters() if id(p) not in skip]
+
     # -- checkpoints ----------------------------------------------------------------------------
     def save(self, out_dir: Path) -> None:
         torch = self.torch
@@ -375,6 +408,10 @@ class Trainer:
         torch = self.torch
         ck = torch.load(out_dir / "ckpt.pt", map_location=self.device, weights_only=False)
         rank = ck.get("settings", {}).get("markov_rank", 0)
+        if ck.get("settings", {}).get("confidence_head", False) != self.s.confidence_head:
+            from ..errors import UserError  # noqa: PLC0415
+            raise UserError(f"{out_dir}: this checkpoint was trained {'with' if not self.s.confidence_head else 'without'}"
+                            " --confidence-head; resume it the same way")
         if rank != self.s.markov_rank:
             from ..errors import UserError  # noqa: PLC0415
             raise UserError(f"{out_dir}: this checkpoint was trained with --markov-rank {rank}, not "
