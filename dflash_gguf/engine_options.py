@@ -35,8 +35,8 @@ ENGINE_OPTIONS = (
     EngineOption("draft_max", ("--draft-max",), int, "most draft tokens per verify (default: block size - 1)"),
     EngineOption("draft_min", ("--draft-min",), int, "fewest draft tokens per verify"),
     EngineOption("no_adaptive", ("--no-adaptive",), bool, "always verify --draft-max tokens"),
-    EngineOption("no_draft_confidence", ("--no-draft-confidence",), bool,
-                 "verify every drafted slot even where a DSpark confidence head rates it unlikely"),
+    EngineOption("draft_confidence", ("--draft-confidence",), bool,
+                 "with a DSpark confidence head: verify only the drafted slots it rates worth their rows"),
     EngineOption("draft_ctx", ("--draft-ctx",), int, "drafter KV size (default: --ctx-size)"),
     EngineOption("n_cpu_moe", ("--n-cpu-moe",), int, "keep the MoE experts of the first N layers on CPU"),
     EngineOption("cpu_moe", ("--cpu-moe",), bool, "keep all MoE experts on CPU"),
@@ -60,7 +60,7 @@ def settings_overrides(values: dict[str, Any]) -> dict[str, Any]:
     out["fit"] = values["fit"] or None
     out["cpu_moe"] = values["cpu_moe"] or None
     out["adaptive"] = False if values["no_adaptive"] else None
-    out["draft_confidence"] = False if values["no_draft_confidence"] else None
+    out["draft_confidence"] = values["draft_confidence"] or None
     out["override_tensor"] = tuple(values["override_tensor"]) or None
     out["tensor_split"] = parse_tensor_split(values["tensor_split"])
     out["devices"] = parse_devices(values["devices"])

@@ -26,7 +26,8 @@ class EngineSettings:
     draft_max: int | None = None         # None: block size - 1
     draft_min: int = 1
     adaptive: bool = True
-    draft_confidence: bool = True        # verify only the drafted slots a confidence head rates worth it (DSpark)
+    draft_confidence: bool = False       # verify only the drafted slots a confidence head rates worth it (DSpark;
+                                         # off: no measured gain on SmolLM2/CPU, docs/dflash-family.md)
     draft_ctx: int | None = None         # drafter KV window; None: the target's n_ctx
     draft_n_gpu_layers: int | None = None
     t_mode: str = "rejection"            # T>0 verification: "rejection" | "match"

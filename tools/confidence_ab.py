@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Does a DSpark drafter's confidence head help the draft-length policy? The same drafter, adaptive policy on,
 with the head trimming each drafted block (`Proposal.confidence` → `DraftLengthPolicy.trim`) and without
-(`--no-draft-confidence`), prompt by prompt in one process, greedy (outputs must be identical).
+(the default; `--draft-confidence` turns it on), prompt by prompt in one process, greedy (outputs must be identical).
 
 Per arm: tokens per target call (τ), drafts verified / trimmed / accepted, wall time of the generations and the
 time the calibrated cost curve predicts for the calls made (t_draft + t(k+1) per step, t(1) per plain step):

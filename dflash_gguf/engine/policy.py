@@ -188,6 +188,7 @@ class DraftLengthPolicy:
         self._probe_gap = probe_every
         self.last_reason = "fixed" if not self.adaptive else "init"
         self.use_confidence = True          # trim blocks by the drafter's confidences, where it gives them
+                                            # (the engine asks the drafter for them with --draft-confidence)
 
     def reset(self) -> None:
         """A new generation starts from the α the last one ended with (weighted like the prior), not from the
