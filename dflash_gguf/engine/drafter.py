@@ -4,8 +4,9 @@ The loop calls, in order: `begin()` once per generation, `process(features, pos0
 target decode with the features of the rows it keeps, and `draft(last, pos, n, want_logits, pick)` for a
 block. `features` may be a view that the caller reuses after `process` returns: a source copies what it keeps.
 At T > 0 in rejection mode the loop passes `pick(logits [V]) -> (token, q [V])`: a source whose later slots
-depend on the tokens drawn earlier (DFlash2's selector walk) draws with it and returns each q; the others
-return logits and the loop draws every slot itself.
+depend on the tokens drawn earlier (DFlash2's selector walk, DSpark's Markov chain when the engine runs it) draws
+with it and returns each q; the others return logits and the loop draws every slot itself. A source may also rate
+its slots (`Proposal.confidence`), which the policy can use to verify fewer of them.
 """
 
 from __future__ import annotations
