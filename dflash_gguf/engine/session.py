@@ -87,8 +87,9 @@ class Engine:
             self.drafter.short_blocks = self.cost.short_blocks
         self.policy = DraftLengthPolicy(self.draft_max, min(s.draft_min, self.draft_max),
                                         adaptive=s.adaptive, cost=self.cost)
-        self.policy.use_confidence = s.draft_confidence and self.policy.adaptive and bool(
-            getattr(self.drafter, "rate_slots", lambda: False)())
+        # --draft-confidence: a drafter with a confidence head rates its slots, and the policy trims by them
+        rated = s.draft_confidence and self.policy.adaptive and hasattr(self.drafter, "rate_slots")
+        self.policy.use_confidence = rated and self.drafter.rate_slots()
         self.spec = SpecDecoder(self.target, self.drafter, self.policy, t_mode=s.t_mode)
         # Turning the taps off for plain decoding and on again re-reserves the scheduler, and any re-reserve on
         # lavapipe (Vulkan) crashes its queue thread (docs/vulkan.md): on device builds the taps stay on (plain

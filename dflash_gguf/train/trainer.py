@@ -182,12 +182,11 @@ class Trainer:
         return torch.where((vocab[pos] == ids) & (ids >= 0), pos, torch.full_like(pos, -100))
 
     def forward(self, pb: PackedBlocks, vocab: np.ndarray | None = None, with_confidence: bool = False):
-        """(logits [R, V'], labels [R] (loss columns, -100 where absent), slots [R]) of the labelled block rows;
-        with_confidence: also the confidence head's logit of each row (inputs detached)."""
         """Logits [R, V'] of the rows with labels (slots ≥ 1), their labels as column indices (-100: a token
         outside the columns) and slots. Columns: the draft vocabulary if the trainer has one, else `vocab`
         ids (sorted, containing every label) or the whole vocabulary. With a Markov head the logits include
-        its bias, given the target's token before each row."""
+        its bias, given the target's token before each row. with_confidence: a fourth item, the confidence
+        head's logit of each row (its inputs detached)."""
         torch = self.torch
         dev = self.device
         emb = self.embed[torch.as_tensor(pb.block_tokens, device=dev)][None]                 # [1, S, H]
