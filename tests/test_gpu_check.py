@@ -129,3 +129,30 @@ def test_pruned_source_keeps_what_the_build_reads():
     assert bundle._keep("examples/speculative-simple/speculative-simple.cpp") and bundle._keep("src/llama.cpp")
     assert bundle._keep("tools/ui/CMakeLists.txt") and not bundle._keep("tools/ui/package.json")
     assert not bundle._keep("models/ggml-vocab-llama-bpe.gguf") and not bundle._keep("ggml/src/ggml-vulkan/x.cpp")
+
+
+def test_every_patch_applies_to_the_pruned_source(tmp_path):
+    """The pruned tree drops backends the CUDA build never compiles, but a patch may touch one of them (0007
+    changes ggml-vulkan.cpp): what travels must still take every patch, or the build fails on the GPU machine."""
+    from dflash_gguf.native import build as nb
+    src = nb.pristine_tree() / "vendor" / "llama.cpp"
+    patches = sorted((ROOT / "patches").glob("*.patch"))
+    kept = set(bundle.pruned_files(src, frozenset(bundle.patched_files())))
+    assert {f for p in patches for f in nb.patched_files(p) if (src / f).exists()} <= kept
+    pruned = tmp_path / "pruned"
+    for rel in kept & bundle.patched_files():
+        (pruned / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / rel, pruned / rel)
+    (tmp_path / "out").mkdir()
+    assert nb.apply_patches(pruned, patches, tmp_path / "out")
+
+
+def test_setup_replaces_bindings_of_another_llama_cpp_python_release(tmp_path):
+    """A GPU machine's own llama-cpp-python (another release) has other C structures: setup must install the
+    bundled pinned bindings over it rather than count it as present (it crashed every model load)."""
+    from dflash_gguf.native.build import LLAMA_CPP_PYTHON_VERSION
+    for version, missing in (("0.3.16", ["llama_cpp"]), (LLAMA_CPP_PYTHON_VERSION, [])):
+        pkg = tmp_path / version / "llama_cpp"
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text(f'from .llama_cpp import *\n\n__version__ = "{version}"\n')
+        assert setup_env.missing_modules(sys.executable, ["llama_cpp", "json"], [str(ROOT), str(pkg.parent)]) == missing

@@ -299,3 +299,13 @@ def test_cut_and_supervised_slots_change_which_rows_carry_loss(tmp_path):
     torch.testing.assert_close(cut.loss(logits, labels, slots), (manual * w).sum() / w.sum())
     assert not kept.all()                                          # a random drafter is wrong somewhere
 
+
+
+def test_a_time_schedule_warms_up_decays_and_ends_training_when_its_seconds_are_spent(tmp_path):
+    tr = _trainer(_dataset(tmp_path, _random_seqs()), rows=10**9, anchors_per_seq=8, eval_every=10**9,
+                  schedule_seconds=2.0, warmup=0.1)
+    lrs = [tr.lr_at(0, t) for t in (0.0, 0.1, 0.2, 1.1, 1.99, 2.0)]
+    assert 0 < lrs[0] < lrs[1] < lrs[2] == tr.s.lr           # warm-up over the first 10 % of the seconds
+    assert lrs[2] > lrs[3] > lrs[4] > lrs[5] == 0.0          # then the cosine reaches zero at the end
+    tr.train(tmp_path / "ck", progress=False)
+    assert 0 < tr.rows_seen < 10**9 and tr.seconds_before > 1.0       # it stopped by itself, on time

@@ -211,7 +211,8 @@ def pristine_tree() -> Path:
     return root
 
 
-def _patched_files(patch: Path) -> list[str]:
+def patched_files(patch: Path) -> list[str]:
+    """The tree paths one patch changes."""
     files = []
     for line in patch.read_text(errors="replace").splitlines():
         if line.startswith("+++ ") or line.startswith("--- "):
@@ -226,7 +227,7 @@ def apply_patches(pristine: Path, patches: list[Path], out_dir: Path) -> dict[st
 
     A patch that does not apply stops everything with a message that names it.
     """
-    touched = sorted({f for p in patches for f in _patched_files(p)})
+    touched = sorted({f for p in patches for f in patched_files(p)})
     for rel in touched:
         src = pristine / rel
         if src.exists():

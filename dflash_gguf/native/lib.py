@@ -225,6 +225,31 @@ def select_backend(name: str | None) -> None:
     os.environ["DFLASH_GGUF_BACKEND"] = name
 
 
+def bindings_version() -> tuple[str | None, Path | None]:
+    """(version, package folder) of the llama_cpp package Python would import, read without importing it
+    (the import loads a native library); (None, None) when there is none."""
+    import importlib.util  # noqa: PLC0415
+    import re  # noqa: PLC0415
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        return None, None
+    found = re.search(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", Path(spec.origin).read_text(errors="replace"), re.M)
+    return (found.group(1) if found else "unknown"), Path(spec.origin).parent
+
+
+def check_bindings_version() -> None:
+    """llama-cpp-python's ctypes structures must be the pinned release's: another release lays out
+    llama_model_params / llama_context_params differently, and our library would crash on the first load."""
+    version, where = bindings_version()
+    if version is not None and version != _build.LLAMA_CPP_PYTHON_VERSION:
+        raise NativeLibraryError(
+            f"llama_cpp {version} ({where}) is the llama-cpp-python Python would import, but the patched library "
+            f"is built from llama-cpp-python {_build.LLAMA_CPP_PYTHON_VERSION}: their C structures differ and "
+            f"loading a model would crash. Install the matching bindings: `pip install "
+            f"llama-cpp-python=={_build.LLAMA_CPP_PYTHON_VERSION}` (or `python tools/build_native.py "
+            "--install-bindings`), or use a virtual environment without the other release")
+
+
 def load() -> NativeLibrary:
     global _loaded
     if _loaded is not None:
@@ -233,6 +258,7 @@ def load() -> NativeLibrary:
     current = os.environ.get("LLAMA_CPP_LIB_PATH")
     if "llama_cpp" in sys.modules and current and Path(current) != lib_dir:
         raise NativeLibraryError(f"llama_cpp was already imported from {current}, not from {lib_dir}")
+    check_bindings_version()
     os.environ["LLAMA_CPP_LIB_PATH"] = str(lib_dir)
     try:
         import llama_cpp  # noqa: PLC0415 - must follow LLAMA_CPP_LIB_PATH

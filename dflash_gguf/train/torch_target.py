@@ -75,9 +75,10 @@ def pretokenize(target: Path, prompts: list[dict], out: Path) -> Path:
 
 
 def load_pretokenized(path: Path) -> tuple[list[list[int]], set[int]]:
-    z = np.load(path)
-    ends = np.cumsum(z["lengths"])
-    return [z["tokens"][e - n:e].tolist() for e, n in zip(ends, z["lengths"])], set(z["eog"].tolist())
+    with np.load(path) as z:           # each z[...] decompresses the whole array again: read them once
+        tokens, lengths, eog = z["tokens"], z["lengths"], z["eog"]
+    ends = np.cumsum(lengths)
+    return [tokens[e - n:e].tolist() for e, n in zip(ends, lengths)], set(eog.tolist())
 
 
 def torch_harvest(target: Path, prompts: list[dict], prompt_tokens: list[list[int]], eog: set[int], out: Path,

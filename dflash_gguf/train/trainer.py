@@ -52,6 +52,9 @@ class TrainSettings:
     epochs: float = 1.0                 # rows budget, when `rows` is not set: epochs x written tokens x (B-1)
     rows: int | None = None             # labelled rows to train on (the schedule runs over them)
     max_seconds: float | None = None    # stop early (the schedule does not change)
+    # the warm-up and cosine run over this many training seconds instead of the rows budget (a time-boxed
+    # window, e.g. a lent GPU, whose throughput is not known in advance); training ends when they are spent
+    schedule_seconds: float | None = None
     eval_every: int = 100
     eval_seqs: int = 64                 # validation sequences per evaluation (every anchor of each)
     ckpt_minutes: float = 5.0
@@ -260,12 +263,19 @@ class Trainer:
         return (per_row * w).sum() / w.sum().clamp(min=1e-6)
 
     # -- loop -----------------------------------------------------------------------------------
-    def lr_at(self, rows_seen: int) -> float:
-        """Linear warm-up, then cosine to zero at the end of the rows budget."""
-        warm = max(1, int(self.s.warmup * self.total_rows))
-        if rows_seen < warm:
-            return self.s.lr * (rows_seen + 1) / warm
-        progress = (rows_seen - warm) / max(1, self.total_rows - warm)
+    def lr_at(self, rows_seen: int, seconds: float | None = None) -> float:
+        """Linear warm-up, then cosine to zero at the end of the rows budget (of schedule_seconds, when set:
+        then `seconds` of training so far place the step on the schedule)."""
+        if self.s.schedule_seconds:
+            done = min(1.0, (seconds or 0.0) / self.s.schedule_seconds)
+            if done < self.s.warmup:
+                return self.s.lr * max(done / self.s.warmup, 1e-3)
+            progress = (done - self.s.warmup) / max(1e-9, 1.0 - self.s.warmup)
+        else:
+            warm = max(1, int(self.s.warmup * self.total_rows))
+            if rows_seen < warm:
+                return self.s.lr * (rows_seen + 1) / warm
+            progress = (rows_seen - warm) / max(1, self.total_rows - warm)
         return self.s.lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
     def _precision(self):
@@ -294,9 +304,10 @@ class Trainer:
                    unit_scale=True)
         last_eval = None
         while self.rows_seen < end:
-            if self.s.max_seconds and time.time() - t0 > self.s.max_seconds:
+            elapsed = time.time() - t0
+            if any(limit and elapsed > limit for limit in (self.s.max_seconds, self.s.schedule_seconds)):
                 break
-            lr = self.lr_at(self.rows_seen)
+            lr = self.lr_at(self.rows_seen, elapsed)
             for group in self.opt.param_groups:
                 group["lr"] = lr
             total, rows = 0.0, 0

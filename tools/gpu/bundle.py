@@ -58,7 +58,14 @@ def _log(msg: str) -> None:
     print(f"[bundle] {msg}", file=sys.stderr, flush=True)
 
 
-def _keep(rel: str) -> bool:
+def patched_files() -> set[str]:
+    """Files patches/*.patch change: kept even where their folder is pruned (the patches must apply)."""
+    return {f for p in sorted((ROOT / "patches").glob("*.patch")) for f in nb.patched_files(p)}
+
+
+def _keep(rel: str, patched: frozenset[str] = frozenset()) -> bool:
+    if rel in patched:
+        return True
     parts = rel.split("/")
     if parts[0] in DROP_DIRS:
         return False
@@ -67,9 +74,17 @@ def _keep(rel: str) -> bool:
     return not any(rel.startswith(d + "/") and rel != d + "/CMakeLists.txt" for d in THIN_DIRS)
 
 
+def pruned_files(src: Path, patched: frozenset[str]) -> list[str]:
+    """The files of the llama.cpp tree at src that travel (paths relative to it)."""
+    return [rel for path in sorted(src.rglob("*")) if (path.is_file() or path.is_symlink())
+            and _keep(rel := path.relative_to(src).as_posix(), patched)]
+
+
 def source_archive(cache: Path) -> Path:
     """The pruned pristine tree as tar.xz (paths `llama.cpp/...`), cached: the pinned tree never changes."""
-    out = cache / f"llama.cpp-{nb.LLAMA_CPP_COMMIT}-pruned.tar.xz"
+    patched = frozenset(patched_files())
+    tag = hashlib.sha256("\n".join(sorted(patched)).encode()).hexdigest()[:8]
+    out = cache / f"llama.cpp-{nb.LLAMA_CPP_COMMIT}-pruned-{tag}.tar.xz"
     if out.is_file():
         return out
     src = nb.pristine_tree() / "vendor" / "llama.cpp"
@@ -77,10 +92,8 @@ def source_archive(cache: Path) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     with tarfile.open(tmp, "w:xz", preset=6) as tar:
-        for path in sorted(src.rglob("*")):
-            rel = path.relative_to(src).as_posix()
-            if (path.is_file() or path.is_symlink()) and _keep(rel):
-                tar.add(path, arcname=f"llama.cpp/{rel}", recursive=False)
+        for rel in pruned_files(src, patched):
+            tar.add(src / rel, arcname=f"llama.cpp/{rel}", recursive=False)
     os.replace(tmp, out)
     return out
 
@@ -139,8 +152,8 @@ def tracked_bytes() -> int:
 
 def pack(files: dict[str, Path], out: Path, unit_bytes: int) -> dict:
     """Cut `files` (name in the bundle -> source) into chunks filling units of at most unit_bytes."""
-    if out.exists():
-        shutil.rmtree(out)
+    for old in out.glob("unit-*"):           # not the whole folder: prepare_train.py's prompts live there too
+        shutil.rmtree(old)
     manifest = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "llama_cpp_commit": nb.LLAMA_CPP_COMMIT,
                 "files": {}, "units": {}}
     unit, room = 1, unit_bytes

@@ -27,7 +27,8 @@ import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
-from dflash_gguf.native.build import sha256_file  # noqa: E402  (stdlib only: runs before any wheel is installed)
+# stdlib only: these run before any wheel is installed
+from dflash_gguf.native.build import LLAMA_CPP_PYTHON_VERSION, sha256_file  # noqa: E402
 
 # import name -> distribution, for everything the package, its tests and the check import on that machine
 MODULES = {"numpy": "numpy", "gguf": "gguf", "typer": "typer", "click": "click", "rich": "rich",
@@ -121,8 +122,14 @@ def unpack_source(archive: Path, cache: Path, commit: str) -> str:
 
 
 def missing_modules(python: str, modules: list[str], pythonpath: list[str]) -> list[str]:
+    """The modules `python` cannot import; llama_cpp counts as missing unless it is the pinned release (a
+    machine's own llama-cpp-python lays out the C structures of its release: loads would crash)."""
     code = ("import importlib.util, json, sys\n"
-            "print(json.dumps([m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]))")
+            "from dflash_gguf.native.lib import bindings_version\n"
+            "def ok(m):\n"
+            "    if importlib.util.find_spec(m) is None: return False\n"
+            f"    return m != 'llama_cpp' or bindings_version()[0] == {LLAMA_CPP_PYTHON_VERSION!r}\n"
+            "print(json.dumps([m for m in sys.argv[1:] if not ok(m)]))")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(pythonpath))
     out = subprocess.run([python, "-c", code, *modules], capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout)
