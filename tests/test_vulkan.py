@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DEVICE_TESTS = ["tests/test_gpu_backend.py", "tests/test_gpu_engine.py"]
+DEVICE_TESTS = ["tests/test_gpu_backend.py", "tests/test_gpu_engine.py", "tests/test_gpu_family.py"]
 
 
 def _missing(reason: str) -> None:
