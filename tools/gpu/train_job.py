@@ -5,7 +5,8 @@ The target runs in torch from its GGUF (llama.cpp is still being built beside it
 prompt set pre-tokenized on the CPU machine (tools/gpu/prepare_train.py); then the drafter trains on the GPU.
 Brings back in $OUT: the drafter GGUF (Q8_0, 4096-token draft vocabulary), the harvested tokens (for
 `dflash-gguf train --import-tokens` on a CPU: features are recomputed there by a batched prefill) and
-train-job.json with what was measured. Resumable: a second call continues the harvest and the training.
+train-job.json with what was measured. Resumable: a second call continues the harvest, and trains on only when
+--train-seconds exceeds the seconds already trained (the cosine then runs over the new total).
 """
 
 import argparse
