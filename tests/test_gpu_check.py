@@ -59,7 +59,7 @@ def test_cpu_dry_run_passes_every_step(tmp_path):
     assert "llama-speculative-simple" in steps["build"]["details"]["tools_built"]
     tests = steps["tests"]["details"]
     assert tests["tests"] >= 6 and tests["skipped"] == tests["tests"]      # no GPU here: every gpu test skips
-    assert tests["files"] == ["tests/test_gpu_backend.py", "tests/test_gpu_engine.py"]
+    assert tests["files"] == ["tests/test_gpu_backend.py", "tests/test_gpu_engine.py", "tests/test_gpu_family.py"]
     assert set(steps["verify"]["details"]["ratios"]) == {"1", "2", "3", "4"}
     assert steps["verify8b"]["details"]["generated"]["spec"]["shape"] == "tiny-dense"
     bench = steps["bench"]["details"]

@@ -65,6 +65,8 @@ def test_device_tests_pass_on_vulkan():
                            *DEVICE_TESTS], env=env, cwd=ROOT, capture_output=True, text=True, timeout=2400)
     out = proc.stdout + proc.stderr
     print(out[-20000:])
-    summary = out.strip().splitlines()[-1] if out.strip() else ""
+    # pytest's last line of stdout (stderr may carry the tests' own messages after it)
+    summary = next((line for line in reversed(proc.stdout.strip().splitlines())
+                    if re.search(r"\d+ (passed|failed)|error", line)), "")
     assert proc.returncode == 0, f"device tests failed on Vulkan (exit {proc.returncode}): {summary}"
     assert re.search(r"\d+ passed", summary) and "skipped" not in summary, summary
