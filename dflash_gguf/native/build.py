@@ -409,14 +409,22 @@ def tool_path(name: str, backend: str | None = None) -> Path:
     return out / "tools" / name
 
 
+def bindings_version() -> tuple[str | None, Path | None]:
+    """(version, package folder) of the llama_cpp package Python would import, read without importing it
+    (the import loads a native library); (None, None) when there is none."""
+    import importlib.util  # noqa: PLC0415
+    import re  # noqa: PLC0415
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        return None, None
+    found = re.search(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", Path(spec.origin).read_text(errors="replace"), re.M)
+    return (found.group(1) if found else "unknown"), Path(spec.origin).parent
+
+
 def install_python_bindings() -> None:
     """Install llama-cpp-python's Python package from the same sdist, without its native build."""
-    try:
-        import importlib.metadata as md
-        if md.version("llama-cpp-python") == LLAMA_CPP_PYTHON_VERSION:
-            return
-    except Exception:
-        pass
+    if bindings_version()[0] == LLAMA_CPP_PYTHON_VERSION:
+        return
     env = dict(os.environ, CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF")
     _log("installing the llama-cpp-python bindings (no native build)")
     cmd = [sys.executable, "-m", "pip", "install", "-q", str(fetch_sdist())]

@@ -225,22 +225,10 @@ def select_backend(name: str | None) -> None:
     os.environ["DFLASH_GGUF_BACKEND"] = name
 
 
-def bindings_version() -> tuple[str | None, Path | None]:
-    """(version, package folder) of the llama_cpp package Python would import, read without importing it
-    (the import loads a native library); (None, None) when there is none."""
-    import importlib.util  # noqa: PLC0415
-    import re  # noqa: PLC0415
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or not spec.origin or not Path(spec.origin).is_file():
-        return None, None
-    found = re.search(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", Path(spec.origin).read_text(errors="replace"), re.M)
-    return (found.group(1) if found else "unknown"), Path(spec.origin).parent
-
-
 def check_bindings_version() -> None:
     """llama-cpp-python's ctypes structures must be the pinned release's: another release lays out
     llama_model_params / llama_context_params differently, and our library would crash on the first load."""
-    version, where = bindings_version()
+    version, where = _build.bindings_version()
     if version is not None and version != _build.LLAMA_CPP_PYTHON_VERSION:
         raise NativeLibraryError(
             f"llama_cpp {version} ({where}) is the llama-cpp-python Python would import, but the patched library "

@@ -125,7 +125,7 @@ def missing_modules(python: str, modules: list[str], pythonpath: list[str]) -> l
     """The modules `python` cannot import; llama_cpp counts as missing unless it is the pinned release (a
     machine's own llama-cpp-python lays out the C structures of its release: loads would crash)."""
     code = ("import importlib.util, json, sys\n"
-            "from dflash_gguf.native.lib import bindings_version\n"
+            "from dflash_gguf.native.build import bindings_version\n"
             "def ok(m):\n"
             "    if importlib.util.find_spec(m) is None: return False\n"
             f"    return m != 'llama_cpp' or bindings_version()[0] == {LLAMA_CPP_PYTHON_VERSION!r}\n"
