@@ -124,6 +124,32 @@ def test_fallback_steps_neither_draft_nor_inject_row_by_row(tiny_target, tmp_pat
     drafter.close()
 
 
+def test_a_draft_is_priced_without_a_plain_streaks_backlog_but_with_a_steps_kept_rows(tiny_target, tmp_path):
+    """The rows a plain streak held back go in before any draft: a probe's draft time must not carry them (the
+    policy then saw ~3x dearer drafts and stayed plain where drafting pays), while the few kept rows each
+    speculative step injects are part of what speculating costs. Each injection is slowed by 0.2 s here."""
+    import time
+    draft_path = write_random_drafter(tiny_target.model.path, tmp_path / "draft.gguf", taps=[1, 2], block_size=8,
+                                      n_head=4, n_head_kv=2, head_dim=16, n_ff=64, seed=8)
+    drafter = DFlashDrafter(Model(draft_path), tiny_target.ctx, SETTINGS, tiny_target.model)
+    flush = drafter.flush
+    drafter.flush = lambda: (time.sleep(0.2) if drafter._n_pending else None, flush())[1]
+    prompt = _prompts(tiny_target.model.n_vocab, 1)[0]
+
+    def drafts_seen(policy, n_tokens):
+        seen, observe = [], policy.observe
+        policy.observe = lambda n, acc, **kw: (seen.append(kw["draft_s"]) if n else None, observe(n, acc, **kw))[1]
+        _generate(SpecDecoder(tiny_target, drafter, policy), prompt, n_tokens)
+        return seen
+
+    probing = DraftLengthPolicy(7, cost=CostCurve({1: 1.0, 8: 1.0}, t_draft=1e9), probe_every=20)
+    probes = drafts_seen(probing, 25)                  # one probe after 19 plain steps: ~20 rows backlog
+    assert len(probes) == 1 and probes[0] < 0.1, probes
+    steady = drafts_seen(DraftLengthPolicy(2, adaptive=False), 12)
+    assert len(steady) >= 4 and all(d >= 0.2 for d in steady[1:]), steady   # after the prompt's rows: kept rows
+    drafter.close()
+
+
 def test_buffered_injection_gives_the_drafter_what_row_by_row_injection_gives(tiny_target, tmp_path):
     """Rows injected in one batch when a draft needs them leave the drafter the same K/V as rows injected one
     decode each: bit-identical draft logits (the CPU kernels are batch-invariant)."""
@@ -141,7 +167,7 @@ def test_buffered_injection_gives_the_drafter_what_row_by_row_injection_gives(ti
             for i in range(done, stop):
                 drafter.process(rows[i:i + 1], i)
                 if row_by_row:
-                    drafter._flush()
+                    drafter.flush()
             out.append(drafter.draft(3, stop, 7, want_logits=True).logits)
             done = stop
         return out

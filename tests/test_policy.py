@@ -157,3 +157,53 @@ def test_trim_keeps_the_slots_whose_confidence_pays_for_their_rows():
     p.use_confidence = False
     assert p.trim(conf) == 7
     assert DraftLengthPolicy(7, adaptive=False).trim(conf) == 7   # no cost curve: nothing to weigh
+
+
+def test_one_stalled_step_moves_an_estimate_by_a_clipped_share():
+    p = DraftLengthPolicy(7, cost=CostCurve({1: 1.0, 2: 1.2, 8: 2.4}, t_draft=0.1))
+    p.observe(0, 0, verify_s=4.0)                       # a plain step that stalled 4x
+    assert p.cost.t[1] == pytest.approx(0.9 + 0.1 * 1.25)
+    p.cost.observe_verify(8, 0.1)                       # and one that ran impossibly fast
+    assert p.cost.t[8] == pytest.approx(0.9 * 2.4 + 0.1 * 2.4 / 1.25)
+    for _ in range(200):                                # a lasting change of speed still comes through
+        p.observe(0, 0, verify_s=2.0)
+    assert p.cost.t[1] == pytest.approx(2.0, rel=1e-3)
+
+
+def test_the_calibrated_shape_only_lowers_t1():
+    cost = CostCurve({1: 1.0, 2: 1.2, 8: 2.4}, t_draft=0.1)
+    cost.observe_verify(2, 3.6)                         # a slow 2-row verify says nothing about plain steps
+    assert cost.t[1] == 1.0
+    cost.t[1] = 2.0                                     # t(1) stale from a slow spell
+    for _ in range(100):
+        cost.observe_verify(2, 1.2)                     # while 2-row verifies take their calibrated time
+    assert cost.t[1] == pytest.approx(1.0, rel=1e-3)
+
+
+def test_a_stale_t1_does_not_keep_a_losing_speculative_streak_going():
+    """Replays a measured case (bench, one thread, SmolLM2 Q4_1): the last math prompt left t(1) at 10.14 ms
+    against a calibrated 6.93, and the next prompt, an MT-Bench one, drafted on 103 of its 104 steps at slot-1
+    acceptance 0.22, 8-17 % slower than plain. t(2)/t(1) 1.18 and the draft costs are that run's."""
+    cal = {1: 6.93e-3, 2: 8.16e-3, 3: 9.95e-3, 4: 11.15e-3, 6: 14.27e-3, 8: 17.6e-3}
+    counts = []
+    for seed in range(5):
+        cost = CostCurve(dict(cal), 1.63e-3, short_blocks=True,
+                         t_draft_n={1: 0.64e-3, 2: 0.78e-3, 3: 0.88e-3, 4: 1.02e-3, 6: 1.34e-3, 7: 1.63e-3})
+        p = DraftLengthPolicy(7, cost=cost)
+        p.slots = SlotAcceptance(7, np.array([0.641, 0.6, 0.531, 0.632, 0.6, 0.6, 0.6]), 4.0, 0.98)
+        cost.t[1], cost.t[2] = 10.14e-3, 9.54e-3
+        rng = np.random.default_rng(seed)
+        drafted = 0
+        for _ in range(104):
+            n = p.choose()
+            if n:
+                drafted += 1
+                accepted = 0
+                while accepted < n and rng.random() < 0.22:
+                    accepted += 1
+                p.observe(n, accepted, verify_s=8.73e-3 + (n - 1) * 1.5e-3, draft_s=1.3e-3)
+            else:
+                p.observe(0, 0, verify_s=7.5e-3)
+        counts.append(drafted)
+        assert p.choose() == 0 or p.last_reason == "probe"
+    assert max(counts) < 40, counts                      # before: 104 of 104 for every seed

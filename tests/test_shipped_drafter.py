@@ -13,7 +13,7 @@ PROMPTS = [  # fixed, not from the training set
     ("math", "A farmer has 12 cows and buys 7 more, then sells 5. How many cows does the farmer have?"),
     ("code", "def is_palindrome(s):\n    \"\"\"Return True if s reads the same forwards and backwards.\"\"\"\n"),
 ]
-TAU_FLOOR = 1.4     # measured here: random drafters 1.00; shipped drafters 1.32 (2026-11-23), 1.49, 1.52 (now)
+TAU_FLOOR = 1.4     # measured here: random drafters 1.00; shipped drafters 1.32 (2026-11-23), 1.49, 1.52, 1.62 (now)
 
 
 def test_manifest_hash_and_metadata():

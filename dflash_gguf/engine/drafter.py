@@ -44,6 +44,7 @@ class DraftSource(Protocol):
 
     def begin(self) -> None: ...
     def process(self, features: np.ndarray, pos0: int) -> None: ...
+    def flush(self) -> int: ...       # inject what `process` held back now; returns how many rows that was
     def draft(self, last_token: int, pos: int, n: int, want_logits: bool, pick=None) -> Proposal: ...
 
 
@@ -133,19 +134,20 @@ class DFlashDrafter:
             self._n_pending += take
             i += take
             if self._n_pending == self.n_batch:
-                self._flush()
+                self.flush()
 
-    def _flush(self) -> None:
-        """Inject the pending rows in one non-causal decode (they fit one ubatch)."""
+    def flush(self) -> int:
+        """Inject the pending rows in one non-causal decode (they fit one ubatch); returns their count."""
         n, pos0 = self._n_pending, self._pending_pos0
         if n == 0:
-            return
+            return 0
         evict_below = pos0 + n + self.block_size - (self.window or 1 << 62)
         if evict_below > 0:                  # room for these rows and the next draft block
             self.ctx.seq_rm(0, evict_below)
         self.embd_batch.set_embd(self._pending[:n], pos0, "none")
         self.ctx.decode(self.embd_batch, "feature injection")
         self._n_pending = 0
+        return n
 
     def draft(self, last_token: int, pos: int, n: int, want_logits: bool, pick=None) -> Proposal:
         """pick (T>0, rejection mode): the loop's sampler, `pick(logits [V]) -> (token, q [V])`, for sources
@@ -163,14 +165,14 @@ class DFlashDrafter:
         block_size-1 masks in training), or with short_blocks only the `needed` rows: cheaper where the
         drafter's cost grows with its rows (CPUs), at a small loss of acceptance; the policy's calibration
         decides (policy.measure_cost_curve). The caller removes the block's K/V (seq_rm(pos))."""
-        self._flush()
+        self.flush()
         rows = needed if self.short_blocks else self.block_size
         self.tok_batch.set_tokens([last_token] + [self.mask] * (rows - 1), pos, "all")
         self.ctx.decode(self.tok_batch, "draft")
         return rows
 
     def pos_max(self) -> int:
-        self._flush()
+        self.flush()
         return self.ctx.pos_max()
 
     def close(self) -> None:

@@ -27,8 +27,18 @@ def interp_table(table: dict[int, float], x, monotone: bool = False):
     return np.interp(x, keys, np.maximum.accumulate(values) if monotone else values)
 
 
+# One timing moves an estimate by at most `smoothing` × 25 %. Steps stall now and then (the OS, Python's
+# collector: plain steps of 10–29 ms measured among 7.5 ms ones, SmolLM2 on one core); unclipped, one stall
+# made t(1) look 35 % dearer, and as t(1) is only measured on plain steps, the policy then drafted through a
+# whole generation at slot-1 acceptance 0.22 and lost 8–17 % on it. A real change of speed still comes
+# through, at up to 2.3 % per timing.
+OUTLIER_CLIP = 1.25
+
+
 def _smoothed(old: float | None, new: float, smoothing: float) -> float:
-    return new if old is None else (1 - smoothing) * old + smoothing * new
+    if old is None:
+        return new
+    return (1 - smoothing) * old + smoothing * min(max(new, old / OUTLIER_CLIP), old * OUTLIER_CLIP)
 
 
 @dataclass
@@ -42,6 +52,10 @@ class CostCurve:
     smoothing: float = 0.1
     short_blocks: bool = False
     t_draft_n: dict[int, float] = field(default_factory=dict)
+    shape: dict[int, float] = field(init=False, repr=False, compare=False)   # t(B)/t(1) as first measured
+
+    def __post_init__(self):
+        self.shape = {b: v / self.t[1] for b, v in self.t.items()} if self.t.get(1) else {}
 
     def draft(self, n: int) -> float:
         return float(self.drafts(np.array([n]))[0])
@@ -62,6 +76,13 @@ class CostCurve:
 
     def observe_verify(self, b: int, seconds: float) -> None:
         self.t[b] = _smoothed(self.t.get(b), seconds, self.smoothing)
+        if b > 1 and self.shape and 1 in self.t:
+            # t(1) is timed on plain steps only, so a speculative streak would keep whatever it last was. The
+            # calibrated shape turns this timing into one of t(1), which may only lower it: a t(1) that looks
+            # too dear makes drafting look cheap, the one mistake that loses against plain decoding.
+            implied = seconds / float(interp_table(self.shape, b))
+            if implied < self.t[1]:
+                self.t[1] = _smoothed(self.t[1], implied, self.smoothing)
 
     def observe_draft(self, seconds: float, n: int | None = None) -> None:
         if self.short_blocks and n is not None:
@@ -193,7 +214,9 @@ class DraftLengthPolicy:
     def reset(self) -> None:
         """A new generation starts from the α the last one ended with (weighted like the prior), not from the
         fixed 0.6: on text where drafts fail, that guess had every generation draft until failures outweighed it
-        (~4 steps on SmolLM2's one-thread cost curve)."""
+        (~4 steps on SmolLM2's one-thread cost curve). Probing starts over at `probe_every`: the new answer may
+        be one where drafting pays though the last was not (starting at half the last gap found the math
+        prompts that pay later than this does: bench, 2026-11-26, docs/fallback-cost.md)."""
         self.slots = self.slots.carried()
         self._plain_streak = 0
         self._probe_gap = self.probe_every
@@ -251,9 +274,13 @@ class DraftLengthPolicy:
             self.cost.observe_draft(draft_s, draft_n)
             draft_s = None
         if n_drafted == 0 and verify_s is not None and self.cost is not None:
-            # a plain step: only t(1) moves; inlined, it runs every token of a plain streak
+            # a plain step: only t(1) moves; inlined (`_smoothed`), it runs every token of a plain streak
             t, w = self.cost.t, self.cost.smoothing
-            t[1] = verify_s if 1 not in t else (1 - w) * t[1] + w * verify_s
+            if 1 in t:
+                t1 = t[1]
+                t[1] = (1 - w) * t1 + w * min(max(verify_s, t1 / OUTLIER_CLIP), t1 * OUTLIER_CLIP)
+            else:
+                t[1] = verify_s
             return
         if n_drafted > 0:
             self.slots.update(n_drafted, n_accepted)

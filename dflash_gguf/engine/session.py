@@ -148,8 +148,12 @@ class Engine:
     def _cost_curve(self) -> CostCurve:
         from ..native.build import default_backend  # noqa: PLC0415
         cache = CostCache(cache_root() / "cost-curves.json")
-        key = CostCache.key(self.target_model.path, self.target_model.native.info.get("backend", default_backend()),
-                            self.settings.n_threads, self.settings.n_gpu_layers, self.drafter_model.path)
+        backend = self.target_model.native.info.get("backend", default_backend())
+        if backend == "cpu":            # DFLASH_CPU_ISA=avx2 on an AVX-512 machine times other kernels
+            from ..native.cpu_kernels import CpuKernels  # noqa: PLC0415
+            backend = f"cpu-{CpuKernels(self.target_model.native).isa}"
+        key = CostCache.key(self.target_model.path, backend, self.settings.n_threads, self.settings.n_gpu_layers,
+                            self.drafter_model.path)
         curve = cache.get(key)
         if curve is None:
             curve = self.measure_cost_curve()
