@@ -58,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         e.target.reset()
         e.drafter.begin()
         never.reset()
-        res = GenerationResult([], len(prompt), drafted_per_slot=[0] * e.draft_max,
-                               accepted_per_slot=[0] * e.draft_max)
+        res = GenerationResult([], len(prompt))
         last = int(np.argmax(e.target.prefill(prompt, e.drafter.process)))
         for _ in range(a.steps):
             for which in (("f", "p") if order.random() < 0.5 else ("p", "f")):
