@@ -215,8 +215,8 @@ class DraftLengthPolicy:
         """A new generation starts from the α the last one ended with (weighted like the prior), not from the
         fixed 0.6: on text where drafts fail, that guess had every generation draft until failures outweighed it
         (~4 steps on SmolLM2's one-thread cost curve). Probing starts over at `probe_every`: the new answer may
-        be one where drafting pays though the last was not (starting at half the last gap found the math
-        prompts that pay later than this does: bench, 2026-11-26, docs/fallback-cost.md)."""
+        be one where drafting pays though the last was not (starting at half the last gap measured no better:
+        docs/fallback-cost.md)."""
         self.slots = self.slots.carried()
         self._plain_streak = 0
         self._probe_gap = self.probe_every
@@ -274,13 +274,8 @@ class DraftLengthPolicy:
             self.cost.observe_draft(draft_s, draft_n)
             draft_s = None
         if n_drafted == 0 and verify_s is not None and self.cost is not None:
-            # a plain step: only t(1) moves; inlined (`_smoothed`), it runs every token of a plain streak
-            t, w = self.cost.t, self.cost.smoothing
-            if 1 in t:
-                t1 = t[1]
-                t[1] = (1 - w) * t1 + w * min(max(verify_s, t1 / OUTLIER_CLIP), t1 * OUTLIER_CLIP)
-            else:
-                t[1] = verify_s
+            # a plain step: only t(1) moves (not through observe_verify: it runs every token of a plain streak)
+            self.cost.t[1] = _smoothed(self.cost.t.get(1), verify_s, self.cost.smoothing)
             return
         if n_drafted > 0:
             self.slots.update(n_drafted, n_accepted)
