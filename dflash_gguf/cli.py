@@ -19,7 +19,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="DFlash block-diffusion speculative decoding for GGUF models on llama.cpp. "
                        "Errors are one line (exit 2: bad input, 1: runtime failure); --debug adds the traceback.")
 
-# Each module defines `register(app)`; a module that is missing (area not built yet) is skipped.
+# Each module defines `register(app)`.
 _COMMAND_MODULES = [
     "dflash_gguf.native.commands",      # build, doctor
     "dflash_gguf.convert.commands",     # convert, inspect
@@ -32,13 +32,7 @@ _COMMAND_MODULES = [
 
 def _register_all() -> None:
     for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name and name.startswith(e.name):
-                continue
-            raise
-        module.register(app)
+        importlib.import_module(name).register(app)
 
 
 _register_all()

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from .errors import UserError
 
-T_MODES = ("rejection", "match")
+T_MODES = ("rejection", "match")    # T>0 verification: speculative sampling, or match a target sample
 BACKENDS = ("cpu", "cuda", "vulkan", "metal")   # native.build.BACKENDS, kept import-free here
-MIN_CTX = 128                        # the verify-cost calibration decodes 64 context tokens + a block     # T>0 verification: speculative sampling, or match a target sample
+FLASH_ATTN_MODES = ("auto", "on", "off")
+MIN_CTX = 128                        # the verify-cost calibration decodes 64 context tokens + a block
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class EngineSettings:
             (self.draft_min >= 1, "--draft-min", self.draft_min, "must be >= 1"),
             (self.draft_ctx is None or self.draft_ctx >= 1, "--draft-ctx", self.draft_ctx, "must be >= 1"),
             (self.t_mode in T_MODES, "--t-mode", self.t_mode, f"must be one of {', '.join(T_MODES)}"),
+            (self.flash_attn in FLASH_ATTN_MODES, "DFLASH_GGUF_FLASH_ATTN", self.flash_attn,
+             f"must be one of {', '.join(FLASH_ATTN_MODES)}"),
             (self.fit_target >= 0, "--fit-target", self.fit_target, "must be >= 0 (MiB left free on the device)"),
             (self.n_cpu_moe >= 0, "--n-cpu-moe", self.n_cpu_moe, "must be >= 0"),
             (self.main_gpu >= 0, "-mg/--main-gpu", self.main_gpu, "must be >= 0"),

@@ -185,3 +185,10 @@ def test_a_negative_markov_rank_is_refused_in_one_line(tmp_path, capsys):
     code, line = _fails(capsys, ["train", "-m", str(target), "-o", str(tmp_path / "d.gguf"), "--markov-rank", "-1"])
     assert code == 2 and line.startswith("error: --markov-rank -1: choose 0 (no Markov head) or a rank of at least 1")
     assert not (tmp_path / "d.gguf").exists()
+
+
+@pytest.mark.parametrize("value", ["yes", "1", "flash"])
+def test_an_unknown_flash_attention_mode_is_one_line(capsys, monkeypatch, value):
+    monkeypatch.setenv("DFLASH_GGUF_FLASH_ATTN", value)
+    code, line = _fails(capsys, ["run", "-p", "hi", "-n", "2"])
+    assert code == 2 and f"DFLASH_GGUF_FLASH_ATTN {value}: must be one of auto, on, off" in line

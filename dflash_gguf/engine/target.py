@@ -62,7 +62,7 @@ class Target:
     def check_fits(self, n_prompt: int, n_new: int = 1) -> None:
         if n_prompt + n_new > self.n_ctx:
             raise ContextOverflow(f"prompt of {n_prompt} tokens + {n_new} to generate does not fit the context of "
-                                  f"{self.n_ctx} tokens ({self.model.path.name}); raise --ctx or shorten the prompt")
+                                  f"{self.n_ctx} tokens ({self.model.path.name}); raise -c/--ctx-size or shorten the prompt")
 
     def prefill(self, tokens: Sequence[int], sink: FeatureSink | None) -> np.ndarray:
         """Decode tokens at n_past.. in chunks of n_batch; return the logits of the last row (a copy)."""

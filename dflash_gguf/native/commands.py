@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def build(backend: Optional[str] = typer.Option(None, help="cpu | cuda | vulkan | metal (default: $DFLASH_GGUF_BACKEND, else detected)"),
               jobs: Optional[int] = typer.Option(None, help="parallel compile jobs"),
-              tools: bool = typer.Option(False, "--tools", help="also build llama-server, llama-speculative-simple"),
+              tools: bool = typer.Option(False, "--tools", help="also build upstream's llama-server, llama-speculative-simple, llama-bench and ggml-rpc-server"),
               cuda_arch: Optional[str] = typer.Option(None, help="CMAKE_CUDA_ARCHITECTURES, e.g. 90")):
         """Fetch the pinned llama.cpp, apply patches/ and ggml-kernels/, build the shared libraries."""
         from .build import BuildError, build as do_build

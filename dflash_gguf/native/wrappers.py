@@ -230,7 +230,7 @@ class Context:
         self.ptr = L.llama_init_from_model(model.ptr, p)
         if not self.ptr:
             raise ModelLoadError(f"{model.path}: could not create a llama context (n_ctx={s.n_ctx}); "
-                                 "lower --ctx or free memory")
+                                 "lower -c/--ctx-size or free memory")
         self.settings = s
         self.memory = L.llama_get_memory(self.ptr)
         self.n_ctx = L.llama_n_ctx(self.ptr)
