@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType, quants
 
 from dflash_gguf.native.cpu_kernels import CpuKernels
 from dflash_gguf.native.lib import load
-from dflash_gguf.native.matmul_probe import MatmulProbe
+from lab.matmul_probe import MatmulProbe
 
 BATCHES = list(range(1, 17)) + [40]     # 40: wider than one pass on AVX2 and on AVX-512
 NMSE_VS_F32 = 5e-4                      # test-backend-ops' MUL_MAT tolerance

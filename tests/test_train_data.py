@@ -192,7 +192,7 @@ def _eval_prompts():
 def test_shipped_prompt_set_is_large_diverse_licensed_and_never_overlaps_the_evaluation_prompts():
     from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS
     from dflash_gguf.corpus.prompts import load
-    from dflash_gguf.corpus.overlap import EvalFilter
+    from lab.corpus.overlap import EvalFilter
     rows = load(DEFAULT_PROMPTS)
     assert len(rows) >= 20000 and len({r["prompt"] for r in rows}) == len(rows)
     assert {r["category"] for r in rows} == {"code", "math", "chat"}
@@ -206,7 +206,7 @@ def test_shipped_prompt_set_is_large_diverse_licensed_and_never_overlaps_the_eva
 
 
 def test_the_overlap_filter_finds_an_evaluation_prompt_inside_other_text():
-    from dflash_gguf.corpus.overlap import EvalFilter
+    from lab.corpus.overlap import EvalFilter
     evals = _eval_prompts()
     filt = EvalFilter(evals)
     assert filt.overlaps("Please help: " + evals[3][:200] + " Thanks.")
@@ -230,7 +230,7 @@ def test_two_writers_on_one_folder_interleave_without_overlap(tmp_path):
 
 
 def test_scaling_fits_recover_known_curves_and_say_where_a_tau_is_reached():
-    from dflash_gguf.train.scaling import alpha_from_tau, extrapolate, tau_from_alpha
+    from lab.scaling import alpha_from_tau, extrapolate, tau_from_alpha
     for alpha in (0.05, 0.3, 0.68, 0.9):
         assert abs(alpha_from_tau(tau_from_alpha(alpha)) - alpha) < 1e-6
     line = [{"rows": 10 ** k, "tau": 1.0 + 0.5 * (k - 3)} for k in (3, 4, 5, 6)]       # τ = 1 + 0.5 per decade
@@ -243,7 +243,7 @@ def test_scaling_fits_recover_known_curves_and_say_where_a_tau_is_reached():
 
 
 def test_the_fitted_recipe_is_the_one_whose_largest_run_measured_best():
-    from dflash_gguf.train.scaling import best_compute_series
+    from lab.scaling import best_compute_series
     points = [{"series": "compute", "rows": 10 ** 6, "tau": 1.2}, {"series": "compute", "rows": 10 ** 4, "tau": 1.05},
               {"series": "compute, small steps", "rows": 10 ** 5, "tau": 1.3},
               {"series": "compute, small steps", "rows": 10 ** 4, "tau": 1.4},   # not its largest run

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "data"
-DEFAULT_PROMPTS = DATA / "prompts-v2.jsonl.gz"     # the training set (tools/make_train_prompts.py)
+DEFAULT_PROMPTS = DATA / "prompts-v2.jsonl.gz"     # the training set (lab/make_train_prompts.py)
 FIRST_PROMPTS = DATA / "prompts.jsonl"             # the first, smaller set: draft-vocabulary counts, tests
 
 

@@ -2,7 +2,7 @@
 reads: each sequence is read once by the target in a batched prefill and its tapped features are stored.
 
 Cheaper to keep than features (4 bytes per token instead of 2·k·H = 4,608 for SmolLM2 with 4 taps), at the
-cost of one prefill pass per sequence; `tools/harvest_throughput.py --prefill` measures that pass.
+cost of one prefill pass per sequence; `lab/harvest_throughput.py --prefill` measures that pass.
 """
 
 from __future__ import annotations

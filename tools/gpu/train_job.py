@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS  # noqa: E402
 from dflash_gguf.train.dataset import FeatureDataset  # noqa: E402
-from dflash_gguf.train import smollm2_recipe as recipe  # noqa: E402
+from lab import smollm2_recipe as recipe  # noqa: E402
 from dflash_gguf.train.pipeline import (build_trainer, export, file_sha256, prompts_sha256,  # noqa: E402
                                         training_record)
 from dflash_gguf.corpus.prompts import load  # noqa: E402

@@ -8,7 +8,7 @@ one thread (ggml computes in the calling thread), so time other processes take f
 Prints the medians and the paired difference (mean with its standard error, and median), in µs and in % of a
 plain step. The mean includes the batched injection of the kept rows (every 64 steps); the median does not.
 
-    .venv/bin/python tools/fallback_step_cost.py --steps 500
+    .venv/bin/python lab/fallback_step_cost.py --steps 500
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from dflash_gguf.paths import cache_root  # noqa: E402
-from dflash_gguf.corpus import build  # noqa: E402
+from lab.corpus import build  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__)
 ap.add_argument("--seed", type=int, default=20261123)

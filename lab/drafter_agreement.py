@@ -11,8 +11,8 @@ and `measure.py` report) and averaged over every anchor (what validation used to
 A train/inference mismatch shows as low agreement; equal walks with a higher anchor average show that the
 gap between validation τ and engine τ is the way they were counted, not the drafter.
 
-  tools/drafter_agreement.py                          # shipped drafter, first 5 prompts per category
-  tools/drafter_agreement.py --train-prompts 4000:4030  # held-out training-distribution prompts instead
+  lab/drafter_agreement.py                          # shipped drafter, first 5 prompts per category
+  lab/drafter_agreement.py --train-prompts 4000:4030  # held-out training-distribution prompts instead
 """
 
 import argparse

@@ -9,7 +9,7 @@ the table shows the spread training noise alone gives. Resumable: an arm with a 
 and an interrupted arm resumes from its checkpoint. Results: <user cache>/recipe-ab/results.json, and a Markdown
 table on stdout.
 
-  tools/recipe_ab.py --tokens 120000 --rows 200000
+  lab/recipe_ab.py --tokens 120000 --rows 200000
 """
 
 import argparse

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
 from dflash_gguf.train.measure import load_eval_prompts, measure_tau  # noqa: E402
 from dflash_gguf.train.pipeline import build_trainer, export  # noqa: E402
-from dflash_gguf.train.scaling import (SubsetDataset, best_compute_series, extrapolate, measured,  # noqa: E402
+from lab.scaling import (SubsetDataset, best_compute_series, extrapolate, measured,  # noqa: E402
                                        plot_curve)
 from dflash_gguf.train.trainer import TrainSettings  # noqa: E402
 
@@ -40,7 +40,7 @@ ap.add_argument("--fractions", type=float, nargs="*", default=[0.1])
 ap.add_argument("--diversity", action="store_true", help="add the low-diversity point")
 ap.add_argument("--distill", type=float, default=None, help="add a point with this distillation share at --same-rows")
 ap.add_argument("--points", type=Path, nargs="*", default=[], help="snapshots.json of a run of "
-                "tools/train_default_drafter.py --snapshots, added as --series")
+                "lab/train_default_drafter.py --snapshots, added as --series")
 ap.add_argument("--short-blocks", type=float, default=0.0)
 ap.add_argument("--extra", type=Path, nargs="*", default=[], help="train-record JSONs of longer runs to include")
 ap.add_argument("--merge", type=Path, nargs="*", default=[], help="scaling JSONs of runs made side by side")
@@ -132,7 +132,7 @@ for extra in a.extra:
                                  "recipe": {"anchors_per_seq": ts.get("anchors_per_seq"),
                                             "seqs_per_step": ts.get("seqs_per_step"), "lr": ts.get("lr")}}
                                 | walk | ({"init_drafter": r["init_drafter"]["file"]} if r.get("init_drafter") else {}))
-for path in a.points:                 # snapshots of a long run (tools/train_default_drafter.py --snapshots)
+for path in a.points:                 # snapshots of a long run (lab/train_default_drafter.py --snapshots)
     seen = {(p["series"], p["label"]) for p in report["points"]}
     report["points"] += [p | {"series": a.series} for p in json.loads(path.read_text())
                          if (a.series, p["label"]) not in seen]

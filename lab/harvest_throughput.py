@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
 from dflash_gguf.train.harvest import HarvestSettings, harvest  # noqa: E402
 from dflash_gguf.corpus.prompts import load  # noqa: E402
-from dflash_gguf.train.smollm2_recipe import TAPS  # noqa: E402
+from lab.smollm2_recipe import TAPS  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__)
 ap.add_argument("-m", "--model", type=Path, default=None, help="target GGUF (default: embedded SmolLM2)")

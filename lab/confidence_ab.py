@@ -7,7 +7,7 @@ Per arm: tokens per target call (τ), drafts verified / trimmed / accepted, wall
 time the calibrated cost curve predicts for the calls made (t_draft + t(k+1) per step, t(1) per plain step):
 the second is free of a shared machine's noise.
 
-    .venv/bin/python tools/confidence_ab.py drafter.gguf --per-category 10 --threads 1
+    .venv/bin/python lab/confidence_ab.py drafter.gguf --per-category 10 --threads 1
 """
 
 import argparse

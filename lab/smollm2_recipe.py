@@ -1,9 +1,9 @@
 """The recipe of the drafter shipped for the embedded default (SmolLM2-135M-Instruct Q4_1, 30 layers), shared by
-tools/train_default_drafter.py (CPU), tools/gpu/train_job.py (GPU) and the tools that probe the recipe."""
+lab/train_default_drafter.py (CPU), tools/gpu/train_job.py (GPU) and the tools that probe the recipe."""
 
 from __future__ import annotations
 
-from .harvest import HarvestSettings
+from dflash_gguf.train.harvest import HarvestSettings
 
 SEED = 1
 TAPS = [2, 11, 19, 28]             # official formula for 4 taps over 30 layers ([1, 10, 18, 27]) + 1

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .lib import NativeLibrary, bind, libname
+from dflash_gguf.native.lib import NativeLibrary, bind, libname
 
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
               "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .dataset import FeatureDataset
+from dflash_gguf.train.dataset import FeatureDataset
 
 
 class SubsetDataset(FeatureDataset):

@@ -7,7 +7,7 @@ columns. Each repetition visits every (B, path) in a shuffled order, so the shar
 all alike. "stock" is ggml's path with our kernels (and ggml's tiled K-quant path) stepping aside
 (cplan.use_ref); "ours" is the default dispatch. Prints one JSON object with medians, min..max and ratios.
 
-    .venv/bin/python tools/cpu_matmul_cost.py --type q4_1 --max-batch 16 --reps 9
+    .venv/bin/python lab/cpu_matmul_cost.py --type q4_1 --max-batch 16 --reps 9
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     from dflash_gguf.native.lib import load
-    from dflash_gguf.native.matmul_probe import MatmulProbe
+    from lab.matmul_probe import MatmulProbe
 
     batches = [int(b) for b in a.batches.split(",")] if a.batches else list(range(1, a.max_batch + 1))
     paths = a.paths.split(",")

@@ -4,7 +4,7 @@ block 8, 4096-token draft vocabulary) for each --recipe ANCHORS:SEQS_PER_STEP:LR
 
 Validation only (held-out sequences of the same harvest, no engine run): for choosing a recipe before a long run.
 Example (the comparison behind TrainSettings' defaults, README "Training"):
-  tools/recipe_probe.py --data ~/.cache/dflash-gguf/datasets/<dataset> --rows 250000 \\
+  lab/recipe_probe.py --data ~/.cache/dflash-gguf/datasets/<dataset> --rows 250000 \\
       --recipe 48:4:8e-4 48:1:8e-4 48:1:2e-3 48:4:2.5e-3 24:1:8e-4 48:1:1.3e-3 12:1:8e-4
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
-from dflash_gguf.train import smollm2_recipe as recipe  # noqa: E402
+from lab import smollm2_recipe as recipe  # noqa: E402
 from dflash_gguf.train.dataset import FeatureDataset  # noqa: E402
 from dflash_gguf.train.pipeline import build_trainer  # noqa: E402
 from dflash_gguf.train.trainer import TrainSettings  # noqa: E402

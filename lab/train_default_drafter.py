@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT))
 from dflash_gguf.paths import cache_root  # noqa: E402
 from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
 from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS  # noqa: E402
-from dflash_gguf.train import smollm2_recipe as recipe  # noqa: E402
-from dflash_gguf.train.smollm2_recipe import DRAFT_VOCAB, SEED, TAPS  # noqa: E402
+from lab import smollm2_recipe as recipe  # noqa: E402
+from lab.smollm2_recipe import DRAFT_VOCAB, SEED, TAPS  # noqa: E402
 from dflash_gguf.train.pipeline import dataset_dir, file_sha256, prompts_sha256, train_drafter  # noqa: E402
 from dflash_gguf.corpus.prompts import load  # noqa: E402
 from dflash_gguf.train.trainer import TrainSettings  # noqa: E402
@@ -34,7 +34,7 @@ EVAL = ROOT.parent / "shared" / "prompts"
 ap = argparse.ArgumentParser(description=__doc__)
 ap.add_argument("--harvest-minutes", type=float, default=None, help="stop the harvest after this long")
 ap.add_argument("--tokens", type=int, default=None, help="stop the harvest when the dataset holds this many tokens")
-ap.add_argument("--parallel", type=int, default=16, help="sequences generated together (tools/harvest_throughput.py)")
+ap.add_argument("--parallel", type=int, default=16, help="sequences generated together (lab/harvest_throughput.py)")
 ap.add_argument("--rows", type=int, default=3_300_000, help="labelled rows to train on")
 ap.add_argument("--minutes", type=float, default=None, help="stop training after this long (resume later)")
 ap.add_argument("--seqs-per-step", type=int, default=1, help="sequences per optimizer step; at a fixed row "
@@ -68,7 +68,7 @@ ap.add_argument("--shard", default="0/1", help="I/N: harvest every N-th prompt f
 ap.add_argument("--prompt-range", default=None, help="A:B: harvest only prompts A..B-1 of the set (e.g. those a "
                 "drafter being continued with --init-drafter has not seen)")
 ap.add_argument("--snapshots", type=int, nargs="*", default=[], help="labelled rows at which to export the drafter "
-                "so far and measure its engine τ (<work dir>/snapshots.json: points for tools/scaling_curve.py "
+                "so far and measure its engine τ (<work dir>/snapshots.json: points for lab/scaling_curve.py "
                 "--points); training goes on exactly as without them")
 ap.add_argument("--manifest", action="store_true", help="record the result in dflash_gguf/assets/drafters.json")
 ap.add_argument("--ship", action="store_true", help="copy --out over the shipped drafter and record it in "
@@ -123,7 +123,7 @@ def snapshot(trainer, vocab, val) -> None:
     """Export the drafter so far and measure it: one point of the compute curve, counted from the first
     drafter of the chain when this run continues one (--init-drafter)."""
     from dflash_gguf.train.pipeline import export  # noqa: PLC0415
-    from dflash_gguf.train.scaling import measured  # noqa: PLC0415
+    from lab.scaling import measured  # noqa: PLC0415
     before = getattr(trainer, "init_record", None) or {"labelled_rows_in_all": 0, "response_tokens_in_all": 0}
     path = work / "snapshots" / f"rows-{trainer.rows_seen}.gguf"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -175,8 +175,8 @@ if a.manifest or (a.ship and better):
                                                    "val_anchor_tau") if record.get(k) is not None}
                          | {"seed": SEED, "harvest": asdict(harvest), "prompts_sha256": prompts_sha256(prompts),
                             "train_settings": asdict(train), "prompt_range": a.prompt_range},
-             "draft_vocab": DRAFT_VOCAB, "recipe": "tools/train_default_drafter.py",
-             "command": " ".join(["tools/train_default_drafter.py"] + [portable(x) for x in sys.argv[1:]]),
+             "draft_vocab": DRAFT_VOCAB, "recipe": "lab/train_default_drafter.py",
+             "command": " ".join(["lab/train_default_drafter.py"] + [portable(x) for x in sys.argv[1:]]),
              "measured": record.get("engine_tau")}
     (ROOT / "dflash_gguf" / "assets" / "drafters.json").write_text(json.dumps([entry], indent=2) + "\n")
 print(json.dumps({k: record[k] for k in ("labelled_rows", "rows_per_second", "val_tau_estimate")}

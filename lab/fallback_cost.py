@@ -15,7 +15,7 @@ Per arm: decode time per token (prefill excluded), median over prompts × rounds
 plain (median and spread). With `--threads 1 --cpu-clock` the loop's clock is this thread's CPU time (ggml
 computes in the calling thread then), robust to other processes taking the cores.
 
-    .venv/bin/python tools/fallback_cost.py --threads 1 --cpu-clock --tokens 128 --per-category 4 --rounds 3
+    .venv/bin/python lab/fallback_cost.py --threads 1 --cpu-clock --tokens 128 --per-category 4 --rounds 3
 """
 
 from __future__ import annotations
