@@ -369,16 +369,22 @@ def build(backend: str | None = None, jobs: int | None = None, tools: bool | lis
     return out
 
 
+def configure(inputs: SourceInputs, backend: str, cuda_arch: str | None, tools: bool, bdir: Path) -> None:
+    """CMake configure of the patched tree into bdir; for CUDA the architectures and toolkit are settled first,
+    so a missing --cuda-arch or toolkit stops the build before anything is copied or configured."""
+    extra, cuda_arch = _backend_cmake_args(backend, cuda_arch)
+    tree = sync_source_tree(inputs, backend)
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    _run(["cmake", "-S", str(tree), "-B", str(bdir), *gen, *cmake_args(backend, tools, cuda_arch), *extra],
+         "configure", _failure_hint(backend, bdir))
+
+
 def _cmake_build(inputs: SourceInputs, backend: str, jobs: int | None, cuda_arch: str | None, tools: bool,
                  targets: list[str]) -> Path:
-    tree = sync_source_tree(inputs, backend)
     bdir = native_root() / (f"build-{backend}-tools" if tools else f"build-{backend}")
-    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    extra, cuda_arch = _backend_cmake_args(backend, cuda_arch)
-    hint = _failure_hint(backend, bdir)
-    _run(["cmake", "-S", str(tree), "-B", str(bdir), *gen, *cmake_args(backend, tools, cuda_arch), *extra],
-         "configure", hint)
-    _run(["cmake", "--build", str(bdir), "-j", str(jobs or os.cpu_count() or 2), "--target", *targets], "build", hint)
+    configure(inputs, backend, cuda_arch, tools, bdir)
+    _run(["cmake", "--build", str(bdir), "-j", str(jobs or os.cpu_count() or 2), "--target", *targets], "build",
+         _failure_hint(backend, bdir))
     return bdir / "bin"
 
 
