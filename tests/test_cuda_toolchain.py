@@ -5,6 +5,7 @@ left out of the suite (25 min on 2 cores); tools/gpu/README.md has the compile a
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
@@ -119,16 +120,22 @@ def test_a_driver_older_than_the_runtime_is_one_line_that_says_what_to_do():
     assert explain(["ggml_cuda_init: found 1 CUDA devices\n"]) is None
 
 
-def test_the_wheel_toolkit_configures_the_cuda_build(tmp_path, monkeypatch):
-    """The real thing, without a GPU and without the system's toolkit: every part from the pinned wheels (downloaded
-    once into the user cache, ~525 MB), merged, and CMake configures ggml-cuda for sm_90 with it."""
+@pytest.fixture
+def wheel_toolkit(monkeypatch):
+    """The toolkit made of the pinned wheels alone (downloaded once into the user cache, ~525 MB)."""
     monkeypatch.setenv(ct.TOOLKIT_ENV, "wheels")
     try:
-        tc = ct.resolve()
+        return ct.resolve()
     except ct.ToolchainError as e:
         if "could not download" in str(e) and not ct.system_toolkit():
             pytest.skip(f"no CUDA toolkit here and the package index is unreachable: {e}")
         raise
+
+
+def test_the_wheel_toolkit_configures_the_cuda_build(tmp_path, wheel_toolkit):
+    """The real thing, without a GPU and without the system's toolkit: every part from the pinned wheels (downloaded
+    once into the user cache), merged, and CMake configures ggml-cuda for sm_90 with it."""
+    tc = wheel_toolkit
     assert tc.origin == "wheels" and ct.parts_present(tc.root) == set(ct.PARTS)
     version = subprocess.run([str(tc.nvcc), "--version"], capture_output=True, text=True, check=True).stdout
     assert f"release {ct.CUDA_MAJOR}.0" in version
@@ -138,3 +145,33 @@ def test_the_wheel_toolkit_configures_the_cuda_build(tmp_path, monkeypatch):
     assert re.search(rf"CMAKE_CUDA_COMPILER:\w+={re.escape(str(tc.nvcc))}\n", cache)
     assert "GGML_CUDA_NO_VMM:BOOL=ON" in cache and re.search(r"CMAKE_CUDA_ARCHITECTURES:\w+=90\n", cache)
     assert f"CUDA_cublas_LIBRARY:FILEPATH={tc.lib_dir}/libcublas.so\n" in cache
+
+
+PROBE_CU = r"""
+#include <cstdio>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+__global__ void twice(float *x) { x[threadIdx.x] *= 2.0f; }
+int main() {
+    int runtime = 0, cublas_major = 0, devices = 0;
+    cudaRuntimeGetVersion(&runtime);
+    cublasGetProperty(MAJOR_VERSION, &cublas_major);
+    cudaError_t err = cudaGetDeviceCount(&devices);
+    printf("runtime %d cublas %d devices %d: %s\n", runtime, cublas_major, err == cudaSuccess ? devices : 0,
+           cudaGetErrorString(err));
+    return 0;
+}
+"""
+
+
+def test_the_wheel_toolkit_compiles_for_sm90_and_links_cudart_and_cublas_by_rpath(tmp_path, wheel_toolkit):
+    """nvcc, its headers, cudart and cuBLAS from the wheels compile a kernel for sm_90 and link a program that
+    loads both libraries through the rpath the build uses, with no LD_LIBRARY_PATH (no GPU needed to run it)."""
+    tc = wheel_toolkit
+    (tmp_path / "probe.cu").write_text(PROBE_CU)
+    subprocess.run([str(tc.nvcc), "-arch=sm_90", str(tmp_path / "probe.cu"), "-o", str(tmp_path / "probe"),
+                    "-lcublas", "-Xlinker", f"-rpath={tc.lib_dir}"], check=True, capture_output=True)
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    out = subprocess.run([str(tmp_path / "probe")], capture_output=True, text=True, env=env, check=True).stdout
+    assert re.match(rf"runtime {ct.CUDA_MAJOR}0\d\d cublas {ct.CUDA_MAJOR} devices \d+: ", out), out
+    print(out)     # on a machine without a driver: "... devices 0: CUDA driver version is insufficient ..."
