@@ -257,18 +257,11 @@ def fetch_wheels(wheels: list[Wheel]) -> list[Path]:
 
 
 def _cached_wheel(w: Wheel, folder: Path) -> Path | None:
+    from .build import sha256_file  # noqa: PLC0415 (build imports this module)
     for f in sorted(folder.glob(w.file_prefix + "*.whl")):
-        if _sha256(f) == w.sha256:
+        if sha256_file(f) == w.sha256:
             return f
     return None
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _unpack(wheel: Path, prefix: Path) -> None:
