@@ -27,5 +27,6 @@ def explain(log_lines: list[str]) -> str | None:
             continue
         raw = line.strip().split("failed to initialize CUDA:", 1)[-1].strip()
         meaning = next((m for words, m in _CAUSES if words.lower() in line.lower()), "CUDA could not start")
-        return f"CUDA build, no CUDA device: {meaning} (CUDA said: {raw}); running on the CPU. To use the GPU, {_REMEDY}"
+        return (f"CUDA build, no CUDA device: {meaning} (CUDA said: {raw}); running on the CPU. "
+                f"To use the GPU, {_REMEDY}")
     return None

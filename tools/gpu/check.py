@@ -193,8 +193,8 @@ def cmd_bench(c: Check) -> list[Cmd]:
 def cmd_moe(c: Check) -> list[Cmd]:
     p = c.profile
     gen, path = _random_model(c, p["moe"], "moe")
-    return [gen, Cmd([c.python, str(HERE / "moe_offload.py"), "--model", str(path),
-                      "-n", str(p["moe_n_predict"]), "-t", str(_threads(c)), "--repeat", str(p["moe_repeat"]), "--ours"],
+    return [gen, Cmd([c.python, str(HERE / "moe_offload.py"), "--model", str(path), "--ours",
+                      "-n", str(p["moe_n_predict"]), "-t", str(_threads(c)), "--repeat", str(p["moe_repeat"])],
                      c.state / "moe.json")]
 
 
@@ -217,7 +217,8 @@ def parse_build(c: Check) -> tuple[bool, dict]:
     compiled = "configure:" in (c.state / "logs" / "build.log").read_text(errors="replace")
     return ok, {k: doc.get(k) for k in ("ok", "built_backend", "lib_dir", "tools_built", "devices", "system_info",
                                         "hint", "error")} | {"gpus": gpus, "compiled": compiled,
-                                                             "cuda_runtime_dirs": c.env().get("LD_LIBRARY_PATH")}
+                                                             "cuda_runtime_dirs": c.env().get("LD_LIBRARY_PATH")
+                                                             if c.args.backend == "cuda" else None}
 
 
 def parse_tests(c: Check) -> tuple[bool, dict]:

@@ -50,7 +50,8 @@ def moe_table(d: dict) -> list[str]:
     gen = (d.get("generated") or {}).get("spec", {})
     out = [f"MoE offload (random-weight {gen.get('shape', '?')} {gen.get('ftype', '')}, plain decoding, "
            f"{d['n_predict']} tokens, median of {d['repeat']}):", "",
-           "| placement | flags | tok/s | vs all on the GPU | ours (random drafter) vs plain |", "|---|---|---|---|---|"]
+           "| placement | flags | tok/s | vs all on the GPU | ours (random drafter) vs plain |",
+           "|---|---|---|---|---|"]
     for name, r in d["placements"].items():
         fit = f" ({r['fit'][0]})" if r.get("fit") else ""
         ours = r.get("ours") or {}
