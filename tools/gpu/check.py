@@ -207,6 +207,15 @@ def parse_setup(c: Check) -> tuple[bool, dict]:
     return not env.get("still_missing"), env
 
 
+def _unresolved_libs(c: Check, lib_dir: str | None) -> list[str] | None:
+    """`ldd` of the CUDA library with the steps' environment: the shared libraries it cannot find."""
+    lib = Path(lib_dir or "") / "libggml-cuda.so"
+    if c.args.backend != "cuda" or not lib.is_file() or not shutil.which("ldd"):
+        return None
+    out = subprocess.run(["ldd", str(lib)], capture_output=True, text=True, env=c.env()).stdout
+    return [line.strip() for line in out.splitlines() if "not found" in line]
+
+
 def parse_build(c: Check) -> tuple[bool, dict]:
     doc = _json(c.state / "doctor.json") or {}
     gpus = [d for d in doc.get("devices", []) if d["name"].upper().startswith(("CUDA", "ROCM", "METAL"))]
@@ -218,7 +227,8 @@ def parse_build(c: Check) -> tuple[bool, dict]:
     return ok, {k: doc.get(k) for k in ("ok", "built_backend", "lib_dir", "tools_built", "devices", "system_info",
                                         "hint", "error")} | {"gpus": gpus, "compiled": compiled,
                                                              "cuda_runtime_dirs": c.env().get("LD_LIBRARY_PATH")
-                                                             if c.args.backend == "cuda" else None}
+                                                             if c.args.backend == "cuda" else None,
+                                                             "unresolved_libs": _unresolved_libs(c, doc.get("lib_dir"))}
 
 
 def parse_tests(c: Check) -> tuple[bool, dict]:
