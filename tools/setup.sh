@@ -10,7 +10,9 @@ VPY=.venv/bin/python
 "$VPY" -m pip install -q --disable-pip-version-check pip >/dev/null 2>&1 || true
 # patched llama.cpp (shared libraries) + llama-cpp-python's Python package without its own native build
 # DFLASH_GGUF_BUILD="cpu vulkan" builds several backends (run time takes the detected one unless --backend or
-# DFLASH_GGUF_BACKEND picks another); DFLASH_GGUF_BACKEND=vulkan alone builds and selects that one
+# DFLASH_GGUF_BACKEND picks another); DFLASH_GGUF_BACKEND=vulkan alone builds and selects that one.
+# CUDA needs no toolkit (missing parts come from NVIDIA's wheels); without a visible GPU set DFLASH_GGUF_CUDA_ARCH
+# (86 RTX 30xx, 89 RTX 40xx, 120 RTX 50xx, 90 H100)
 for backend in ${DFLASH_GGUF_BUILD:-${DFLASH_GGUF_BACKEND:-detected}}; do
     if [ "$backend" = detected ]; then backend_arg=(); else backend_arg=(--backend "$backend"); fi
     "$VPY" tools/build_native.py --install-bindings --jobs "$JOBS" "${backend_arg[@]}"

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..paths import cache_root, repo_root
+from . import cuda_toolchain
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 LLAMA_CPP_COMMIT = "0c1e57098"
@@ -98,7 +99,7 @@ def default_backend() -> str:
         return requested
     if sys.platform == "darwin":
         return "metal"
-    if shutil.which("nvcc") and shutil.which("nvidia-smi"):
+    if shutil.which("nvidia-smi"):   # no toolkit needed: a cuda build installs what it lacks (cuda_toolchain)
         probe = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
         if probe.returncode == 0 and "GPU" in probe.stdout:
             return "cuda"
@@ -294,7 +295,10 @@ def cmake_args(backend: str, tools: bool, cuda_arch: str | None) -> list[str]:
     if tools:   # or the server's web UI is downloaded at build time (machines without network)
         args += ["-DLLAMA_USE_PREBUILT_UI=OFF"]
     if backend == "cuda":
-        args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch or 'native'}"]
+        # NO_VMM: ggml-cuda then needs no libcuda at link or load time (cudart opens the driver itself), so the
+        # build links without a driver and, on a machine whose driver is missing or too old, still loads and
+        # runs on the CPU; VMM only changes how ggml's scratch pool grows (cudaMalloc'd chunks instead)
+        args += ["-DGGML_CUDA=ON", "-DGGML_CUDA_NO_VMM=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch or 'native'}"]
     elif backend == "metal":
         args += ["-DGGML_METAL=ON", "-DGGML_METAL_EMBED_LIBRARY=ON"]
     elif backend == "vulkan":
@@ -305,11 +309,32 @@ def cmake_args(backend: str, tools: bool, cuda_arch: str | None) -> list[str]:
     return args
 
 
-def _run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
+def _run(cmd: list[str], what: str, todo: str) -> None:
     _log(f"{what}: {' '.join(cmd)}")
-    proc = subprocess.run(cmd, cwd=cwd)
+    proc = subprocess.run(cmd)
     if proc.returncode != 0:
-        raise BuildError(f"{what} failed (exit {proc.returncode}); the output above says why")
+        raise BuildError(f"{what} failed (exit {proc.returncode}); the output above says why; {todo}")
+
+
+def _failure_hint(backend: str, bdir: Path) -> str:
+    what = {"cuda": "the CUDA toolkit line above shows which nvcc and cuBLAS it used "
+                    f"({cuda_toolchain.TOOLKIT_ENV}=wheels takes all of it from the package index)",
+            "vulkan": VULKAN_PACKAGES_HINT}.get(backend, "install what it names")
+    return (f"{what}; then delete {bdir} and build again, or use `dflash-gguf build --backend cpu`"
+            if backend != "cpu" else f"{what}, then delete {bdir} and build again")
+
+
+def _backend_cmake_args(backend: str, cuda_arch: str | None) -> tuple[list[str], str | None]:
+    """Toolchain arguments that depend on this machine (not part of the build key), and the CUDA architectures."""
+    if backend != "cuda":
+        return [], None
+    try:
+        arch = cuda_toolchain.choose_arch(cuda_arch)   # before any download or configure
+        toolchain = cuda_toolchain.resolve()
+    except cuda_toolchain.ToolchainError as e:
+        raise BuildError(str(e)) from e
+    _log(toolchain.describe())
+    return toolchain.cmake_args(), arch
 
 
 def _shared_libs(bin_dir: Path) -> list[Path]:
@@ -344,13 +369,22 @@ def build(backend: str | None = None, jobs: int | None = None, tools: bool | lis
     return out
 
 
+def configure(inputs: SourceInputs, backend: str, cuda_arch: str | None, tools: bool, bdir: Path) -> None:
+    """CMake configure of the patched tree into bdir; for CUDA the architectures and toolkit are settled first,
+    so a missing --cuda-arch or toolkit stops the build before anything is copied or configured."""
+    extra, cuda_arch = _backend_cmake_args(backend, cuda_arch)
+    tree = sync_source_tree(inputs, backend)
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    _run(["cmake", "-S", str(tree), "-B", str(bdir), *gen, *cmake_args(backend, tools, cuda_arch), *extra],
+         "configure", _failure_hint(backend, bdir))
+
+
 def _cmake_build(inputs: SourceInputs, backend: str, jobs: int | None, cuda_arch: str | None, tools: bool,
                  targets: list[str]) -> Path:
-    tree = sync_source_tree(inputs, backend)
     bdir = native_root() / (f"build-{backend}-tools" if tools else f"build-{backend}")
-    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    _run(["cmake", "-S", str(tree), "-B", str(bdir), *gen, *cmake_args(backend, tools, cuda_arch)], "configure")
-    _run(["cmake", "--build", str(bdir), "-j", str(jobs or os.cpu_count() or 2), "--target", *targets], "build")
+    configure(inputs, backend, cuda_arch, tools, bdir)
+    _run(["cmake", "--build", str(bdir), "-j", str(jobs or os.cpu_count() or 2), "--target", *targets], "build",
+         _failure_hint(backend, bdir))
     return bdir / "bin"
 
 
@@ -438,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="default: $DFLASH_GGUF_BACKEND, else detected (cuda/metal/cpu)")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--tools", action="store_true", help="also build llama-server, llama-speculative-simple, ...")
-    ap.add_argument("--cuda-arch", default=None, help="CMAKE_CUDA_ARCHITECTURES, e.g. 90 for H100")
+    ap.add_argument("--cuda-arch", default=None, help="CMAKE_CUDA_ARCHITECTURES: 86 RTX 30, 89 RTX 40, 120 RTX 50, "
+                    "90 H100 (default: $DFLASH_GGUF_CUDA_ARCH, else the visible GPUs')")
     ap.add_argument("--install-bindings", action="store_true",
                     help="also pip-install llama-cpp-python's Python package without its native build")
     a = ap.parse_args(argv)

@@ -15,8 +15,13 @@ def register(app: typer.Typer) -> None:
     def build(backend: Optional[str] = typer.Option(None, help="cpu | cuda | vulkan | metal (default: $DFLASH_GGUF_BACKEND, else detected)"),
               jobs: Optional[int] = typer.Option(None, help="parallel compile jobs"),
               tools: bool = typer.Option(False, "--tools", help="also build upstream's llama-server, llama-speculative-simple, llama-bench and ggml-rpc-server"),
-              cuda_arch: Optional[str] = typer.Option(None, help="CMAKE_CUDA_ARCHITECTURES, e.g. 90")):
-        """Fetch the pinned llama.cpp, apply patches/ and ggml-kernels/, build the shared libraries."""
+              cuda_arch: Optional[str] = typer.Option(None, help="CUDA architectures: 86 RTX 30, 89 RTX 40, 120 RTX 50, "
+                                                      "90 H100; several as 86;89 (default: $DFLASH_GGUF_CUDA_ARCH, "
+                                                      "else the visible GPUs')")):
+        """Fetch the pinned llama.cpp, apply patches/ and ggml-kernels/, build the shared libraries.
+
+        CUDA needs no GPU and no complete toolkit: what the system lacks (nvcc, headers, cudart, cuBLAS) comes
+        from NVIDIA's pinned wheels on the package index, cached in the user cache dir."""
         from .build import BuildError, build as do_build
         try:
             out = do_build(backend, jobs, tools, cuda_arch)

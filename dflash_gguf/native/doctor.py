@@ -62,6 +62,8 @@ def collect() -> dict:
         devices=_devices(native),
         system_info=L.llama_print_system_info().decode().strip(),
     )
+    if native.notice:
+        report["hint"] = native.notice
     if native.info.get("backend") == "vulkan" and not any(d["name"].startswith("Vulkan") for d in report["devices"]):
         report["hint"] = VULKAN_CPU_DEVICES_HINT
     return report

