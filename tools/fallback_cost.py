@@ -10,6 +10,8 @@ Three arms on the same prompts, in one process, interleaved prompt by prompt and
 - plain_taps (only on request): plain decoding with the taps left on: what tapping alone costs.
 - probing:  the same, but the policy's probes run as in a losing regime (a 1-token draft after 16, 32, … 256
             plain steps), so it also pays the injection of the rows buffered in between and the probe drafts.
+- dflash, lookup, hybrid: the engine with that draft source and its own adaptive policy (the A/B of issue 33);
+  override: hybrid with the lookup continuation put into the drafter's block where the policy picks the drafter.
 
 Per arm: decode time per token (prefill excluded), median over prompts × rounds, and the per-pair ratio to
 plain (median and spread). With `--threads 1 --cpu-clock` the loop's clock is this thread's CPU time (ggml
@@ -43,6 +45,12 @@ def _policy(engine, probes: bool):
                              probe_every=16 if probes else 1 << 30)
 
 
+def _policy_like(policy):
+    """A fresh adaptive policy with the same settings and cost curve."""
+    from dflash_gguf.engine.policy import DraftLengthPolicy
+    return DraftLengthPolicy(policy.draft_max, policy.draft_min, adaptive=policy.adaptive, cost=policy.cost)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -71,12 +79,22 @@ def main(argv: list[str] | None = None) -> int:
     prompts = prepare(read_rows(files, a.per_category), engine)
     arms = a.arms.split(",")
     policies = {"fallback": _policy(engine, probes=False), "probing": _policy(engine, probes=True)}
+    spec = engine.decoder("dflash")                   # the fallback arms swap the policy of a decoder of their own
+    engine.spec = loop.SpecDecoder(engine.target, engine.drafter, spec.policy, t_mode=spec.t_mode)
+    hybrid = engine.decoder("hybrid")
+    override = loop.SpecDecoder(engine.target, engine.drafter, _policy_like(hybrid.policy), t_mode=hybrid.t_mode,
+                                lookup=type(hybrid.lookup)(hybrid.lookup.n_vocab, hybrid.lookup.block_size),
+                                combine="override")
 
     def run(arm: str, tokens: list[int], n: int):
         if arm == "plain":
             return engine.generate(tokens, n, speculative=False)
         if arm == "plain_taps":                     # plain decoding with the target's taps left on
             return engine.plain.generate(tokens, n)
+        if arm in ("dflash", "lookup", "hybrid"):
+            return engine.generate(tokens, n, source=arm)
+        if arm == "override":
+            return override.generate(tokens, n)
         engine.spec.policy = policies[arm]
         return engine.generate(tokens, n)
 
