@@ -23,6 +23,7 @@ computes in the calling thread then), robust to other processes taking the cores
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import statistics
@@ -75,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.cpu_clock:
         loop.time = types.SimpleNamespace(perf_counter=time.thread_time)
     engine = Engine(EngineSettings(n_threads=a.threads))
+    if a.cpu_clock:               # the policy compares online timings with the curve: calibrate on the same clock
+        from dflash_gguf.engine import session
+        session.time = loop.time
+        engine.target.time_verify = functools.partial(engine.target.time_verify, clock=time.thread_time)
+        engine.cost.__dict__.update(engine.measure_cost_curve().__dict__)
     files = sorted(a.prompts.glob("*.jsonl"))
     prompts = prepare(read_rows(files, a.per_category), engine)
     arms = a.arms.split(",")
@@ -104,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios: dict[str, list[float]] = {arm: [] for arm in arms if arm != "plain"}
     extra: dict[str, dict[str, float]] = {arm: {"probes": 0, "steps": 0, "inject_s": 0.0, "draft_s": 0.0}
                                           for arm in arms}
+    by_category: dict[tuple[str, str], list[float]] = {}
     rng = random.Random(a.seed)
     for _ in range(a.rounds):
         for p in prompts:
@@ -124,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 if arm != "plain":
                     assert toks[arm] == toks["plain"], f"{arm} output differs from plain on {p.id}"
                     ratios[arm].append(got[arm] / got["plain"])
+                    by_category.setdefault((arm, p.category), []).append(got[arm] / got["plain"])
     out = {"isa": CpuKernels(load()).isa, "threads": a.threads, "clock": "thread_cpu" if a.cpu_clock else "wall",
            "tokens": a.tokens, "prompts": len(prompts), "rounds": a.rounds, "arms": {}}
     for arm in arms:
@@ -139,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             row.update({"ratio_to_plain_median": round(statistics.median(rs), 4),
                         "ratio_min": round(rs[0], 4), "ratio_max": round(rs[-1], 4),
                         "ratio_iqr": [round(rs[q], 4), round(rs[-1 - q], 4)]})
+            row["ratio_median_by_category"] = {c: round(statistics.median(v), 4)
+                                               for (b, c), v in sorted(by_category.items()) if b == arm}
         out["arms"][arm] = row
     print(json.dumps(out, indent=1))
     engine.close()

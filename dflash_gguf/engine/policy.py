@@ -254,8 +254,8 @@ class LookupAcceptance:
         slots, and the first n_agreed of them agreed."""
         b = min(match_len, self.max_match)
         tried, accepted, d = self.tried[b], self.accepted[b], self.decay
-        for i in range(self.n_slots):
-            tried[i] = d * tried[i] + (i < n_known and i <= n_agreed)
+        for i in range(min(n_known, n_agreed + 1)):     # each slot's evidence decays as new evidence for it comes
+            tried[i] = d * tried[i] + 1.0
             accepted[i] = d * accepted[i] + (i < n_agreed)
         self._expected[b] = None
 
@@ -307,7 +307,7 @@ class DraftLengthPolicy:
         self.has_drafter = True             # False: a lookup source alone (choose_step never asks the drafter)
         self.lookup: LookupAcceptance | None = None
         self._rates: dict[int, float] = {}  # the drafter's expected tokens/s per n, as last weighed
-        self._warm: list[float] | None = None   # t(1..draft_max+1) with warm caches, refreshed when they move
+        self._warm: list[float] | None = None   # t(1..draft_max+1)/t(1) with warm caches (the lookup's verifies)
 
     def use_lookup(self, max_match: int) -> None:
         self.lookup = LookupAcceptance(self.draft_max, max_match)
@@ -371,12 +371,14 @@ class DraftLengthPolicy:
         if not self.adaptive:
             self.last_reason = "lookup"
             return ("lookup", k_max)
-        e, t = self.lookup.expected(match_len), self._warm_verify()
-        best_k, best = 0, (1 + self.margin) / self.cost.t[1]
+        # in units of 1 / t(1): the lookup's verifies are priced by their ratio to a plain step, which holds
+        # while the machine's load moves both (a shared CPU: t(1) 15–35 ms within minutes)
+        e, ratio = self.lookup.expected(match_len), self._warm_ratios()
+        best_k, best = 0, 1 + self.margin
         if n:
-            best = max(best, self._rates.get(n, 0.0))
+            best = max(best, self._rates.get(n, 0.0) * self.cost.t[1])
         for k in range(1, k_max + 1):
-            rate = e[k] / t[k]
+            rate = e[k] / ratio[k]
             if rate > best:
                 best_k, best = k, rate
         if best_k:
@@ -384,11 +386,12 @@ class DraftLengthPolicy:
             return ("lookup", best_k)
         return ("draft", n) if n else PLAIN_STEP
 
-    def _warm_verify(self) -> list[float]:
-        """t(1..draft_max+1) with warm caches as a list (index k: a verify of k+1 rows); t(1) read live."""
+    def _warm_ratios(self) -> list[float]:
+        """t(k+1)/t(1) with warm caches for k = 0..draft_max: calibrated, then each lookup verify's own ratio to
+        the t(1) of its time (smoothed and clipped like every timing)."""
         if self._warm is None:
-            self._warm = self.cost.verifies(np.arange(1, self.draft_max + 2)).tolist()
-        self._warm[0] = self.cost.t[1]
+            shape = self.cost.shape or self.cost.ratios()
+            self._warm = interp_table(shape, np.arange(1, self.draft_max + 2), monotone=True).tolist()
         return self._warm
 
     def observe_lookup(self, match_len: int, continuation: list[int], emitted: list[int]) -> None:
@@ -417,8 +420,9 @@ class DraftLengthPolicy:
         drafts came from the lookup source (no draft call before the verify; their α is `observe_lookup`'s)."""
         if lookup:
             if self.cost is not None and verify_s is not None:
+                ratio = self._warm_ratios()
+                ratio[n_drafted] = _smoothed(ratio[n_drafted], verify_s / self.cost.t[1], self.cost.smoothing)
                 self.cost.observe_verify(n_drafted + 1, verify_s)
-                self._warm = None
             return
         if draft_n and draft_s is not None and self.cost is not None:
             self.cost.observe_draft(draft_s, draft_n)

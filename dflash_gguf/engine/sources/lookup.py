@@ -48,12 +48,18 @@ class LookupSource:
         ([], 0) where no suffix occurred before."""
         text, ends = self.text, self._ends
         size = len(text)
-        for m in range(min(self.max_ngram, size - 1), 0, -1):
-            e = ends.get(tuple(text[size - m:]))
-            if e is not None:
-                period = size - e
-                return [text[e + i] if i < period else text[e + i % period] for i in range(n)], m
-        return [], 0
+        # where a suffix of m tokens occurred, so did its own suffix of m − 1 (ending at the same index): grow m
+        # until the first miss (most steps stop after one or two lookups)
+        m, e = 0, None
+        while m < min(self.max_ngram, size - 1):
+            found = ends.get(tuple(text[size - m - 1:]))
+            if found is None:
+                break
+            m, e = m + 1, found
+        if e is None:
+            return [], 0
+        period = size - e
+        return [text[e + i] if i < period else text[e + i % period] for i in range(n)], m
 
     # -- the draft-source interface ---------------------------------------------------------------
     def process(self, features: np.ndarray, pos0: int) -> None:
