@@ -42,6 +42,8 @@ ENGINE_OPTIONS = (
     EngineOption("cpu_moe", ("--cpu-moe",), bool, "keep all MoE experts on CPU"),
     EngineOption("override_tensor", ("-ot", "--override-tensor"), list[str], "REGEX=BUFFER_TYPE (repeatable)"),
     EngineOption("t_mode", ("--t-mode",), str, "T>0 verification: rejection | match"),
+    EngineOption("draft_source", ("--draft-source",), str,
+                 "dflash (the drafter) | lookup (prompt lookup, no drafter file) | hybrid (both, per step)"),
     EngineOption("main_gpu", ("-mg", "--main-gpu"), int, "GPU for the whole model when not split"),
     EngineOption("tensor_split", ("-ts", "--tensor-split"), str, "proportions per GPU, e.g. 3,1"),
     EngineOption("rpc", ("--rpc",), str, "HOST:PORT,... of ggml rpc-servers"),

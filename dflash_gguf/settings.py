@@ -9,6 +9,7 @@ from pathlib import Path
 from .errors import UserError
 
 T_MODES = ("rejection", "match")    # T>0 verification: speculative sampling, or match a target sample
+DRAFT_SOURCES = ("dflash", "lookup", "hybrid")  # the drafter; prompt lookup (no drafter file); both, per step
 BACKENDS = ("cpu", "cuda", "vulkan", "metal")   # native.build.BACKENDS, kept import-free here
 FLASH_ATTN_MODES = ("auto", "on", "off")
 MIN_CTX = 128                        # the verify-cost calibration decodes 64 context tokens + a block
@@ -32,6 +33,7 @@ class EngineSettings:
     draft_ctx: int | None = None         # drafter KV window; None: the target's n_ctx
     draft_n_gpu_layers: int | None = None
     t_mode: str = "rejection"            # T>0 verification: "rejection" | "match"
+    draft_source: str = "hybrid"         # DRAFT_SOURCES
     flash_attn: str = "auto"
     n_cpu_moe: int = 0
     cpu_moe: bool = False
@@ -72,6 +74,8 @@ class EngineSettings:
             (self.t_mode in T_MODES, "--t-mode", self.t_mode, f"must be one of {', '.join(T_MODES)}"),
             (self.flash_attn in FLASH_ATTN_MODES, "DFLASH_GGUF_FLASH_ATTN", self.flash_attn,
              f"must be one of {', '.join(FLASH_ATTN_MODES)}"),
+            (self.draft_source in DRAFT_SOURCES, "--draft-source", self.draft_source,
+             f"must be one of {', '.join(DRAFT_SOURCES)}"),
             (self.fit_target >= 0, "--fit-target", self.fit_target, "must be >= 0 (MiB left free on the device)"),
             (self.n_cpu_moe >= 0, "--n-cpu-moe", self.n_cpu_moe, "must be >= 0"),
             (self.main_gpu >= 0, "-mg/--main-gpu", self.main_gpu, "must be >= 0"),

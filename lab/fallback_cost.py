@@ -10,6 +10,8 @@ Three arms on the same prompts, in one process, interleaved prompt by prompt and
 - plain_taps (only on request): plain decoding with the taps left on: what tapping alone costs.
 - probing:  the same, but the policy's probes run as in a losing regime (a 1-token draft after 16, 32, … 256
             plain steps), so it also pays the injection of the rows buffered in between and the probe drafts.
+- dflash, lookup, hybrid: the engine with that draft source and its own adaptive policy (the A/B of issue 33);
+  override: hybrid with the lookup continuation put into the drafter's block where the policy picks the drafter.
 
 Per arm: decode time per token (prefill excluded), median over prompts × rounds, and the per-pair ratio to
 plain (median and spread). With `--threads 1 --cpu-clock` the loop's clock is this thread's CPU time (ggml
@@ -21,6 +23,7 @@ computes in the calling thread then), robust to other processes taking the cores
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import statistics
@@ -41,6 +44,12 @@ def _policy(engine, probes: bool):
     cost = CostCurve.from_json(engine.cost.to_json())
     return DraftLengthPolicy(engine.draft_max, adaptive=True, cost=cost, margin=float("inf"),
                              probe_every=16 if probes else 1 << 30)
+
+
+def _policy_like(policy):
+    """A fresh adaptive policy with the same settings and cost curve."""
+    from dflash_gguf.engine.policy import DraftLengthPolicy
+    return DraftLengthPolicy(policy.draft_max, policy.draft_min, adaptive=policy.adaptive, cost=policy.cost)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,16 +76,31 @@ def main(argv: list[str] | None = None) -> int:
     if a.cpu_clock:
         loop.time = types.SimpleNamespace(perf_counter=time.thread_time)
     engine = Engine(EngineSettings(n_threads=a.threads))
+    if a.cpu_clock:               # the policy compares online timings with the curve: calibrate on the same clock
+        from dflash_gguf.engine import session
+        session.time = loop.time
+        engine.target.time_verify = functools.partial(engine.target.time_verify, clock=time.thread_time)
+        engine.cost.__dict__.update(engine.measure_cost_curve().__dict__)
     files = sorted(a.prompts.glob("*.jsonl"))
     prompts = prepare(read_rows(files, a.per_category), engine)
     arms = a.arms.split(",")
     policies = {"fallback": _policy(engine, probes=False), "probing": _policy(engine, probes=True)}
+    spec = engine.decoder("dflash")                   # the fallback arms swap the policy of a decoder of their own
+    engine.spec = loop.SpecDecoder(engine.target, engine.drafter, spec.policy, t_mode=spec.t_mode)
+    hybrid = engine.decoder("hybrid")
+    override = loop.SpecDecoder(engine.target, engine.drafter, _policy_like(hybrid.policy), t_mode=hybrid.t_mode,
+                                lookup=type(hybrid.lookup)(hybrid.lookup.n_vocab, hybrid.lookup.block_size),
+                                combine="override")
 
     def run(arm: str, tokens: list[int], n: int):
         if arm == "plain":
             return engine.generate(tokens, n, speculative=False)
         if arm == "plain_taps":                     # plain decoding with the target's taps left on
             return engine.plain.generate(tokens, n)
+        if arm in ("dflash", "lookup", "hybrid"):
+            return engine.generate(tokens, n, source=arm)
+        if arm == "override":
+            return override.generate(tokens, n)
         engine.spec.policy = policies[arm]
         return engine.generate(tokens, n)
 
@@ -86,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios: dict[str, list[float]] = {arm: [] for arm in arms if arm != "plain"}
     extra: dict[str, dict[str, float]] = {arm: {"probes": 0, "steps": 0, "inject_s": 0.0, "draft_s": 0.0}
                                           for arm in arms}
+    by_category: dict[tuple[str, str], list[float]] = {}
     rng = random.Random(a.seed)
     for _ in range(a.rounds):
         for p in prompts:
@@ -106,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 if arm != "plain":
                     assert toks[arm] == toks["plain"], f"{arm} output differs from plain on {p.id}"
                     ratios[arm].append(got[arm] / got["plain"])
+                    by_category.setdefault((arm, p.category), []).append(got[arm] / got["plain"])
     out = {"isa": CpuKernels(load()).isa, "threads": a.threads, "clock": "thread_cpu" if a.cpu_clock else "wall",
            "tokens": a.tokens, "prompts": len(prompts), "rounds": a.rounds, "arms": {}}
     for arm in arms:
@@ -121,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             row.update({"ratio_to_plain_median": round(statistics.median(rs), 4),
                         "ratio_min": round(rs[0], 4), "ratio_max": round(rs[-1], 4),
                         "ratio_iqr": [round(rs[q], 4), round(rs[-1 - q], 4)]})
+            row["ratio_median_by_category"] = {c: round(statistics.median(v), 4)
+                                               for (b, c), v in sorted(by_category.items()) if b == arm}
         out["arms"][arm] = row
     print(json.dumps(out, indent=1))
     engine.close()

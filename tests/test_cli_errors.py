@@ -77,6 +77,7 @@ def test_a_missing_target_and_a_target_passed_as_drafter(capsys):
     (["run", "-n", "0"], "-n"),
     (["run", "-c", "16"], "-c"),
     (["run", "--t-mode", "greedy"], "--t-mode"),
+    (["run", "--draft-source", "ngram"], "--draft-source"),
     (["run", "--draft-max", "0"], "--draft-max"),
     (["run", "--draft-min", "0"], "--draft-min"),
     (["run", "-ts", "a,b"], "--tensor-split"),

@@ -8,10 +8,12 @@ from dflash_gguf.engine.drafter import DFlashDrafter
 from dflash_gguf.engine.loop import SpecDecoder
 from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy
 from dflash_gguf.engine.sampling import SamplingParams
+from dflash_gguf.engine.sources.lookup import LookupSource
 from dflash_gguf.engine.target import ContextOverflow, Target
 from dflash_gguf.native.wrappers import ContextSettings, Model
 from engine_helpers import (OracleDrafter, assert_rollback_keeps_output, assert_same_distribution,
-                            exact_second_token_marginal, write_random_drafter, write_tiny_llama)
+                            exact_second_token_marginal, exact_token_marginal, write_random_drafter,
+                            write_tiny_llama)
 
 N_PROMPTS, N_TOKENS = 20, 128
 SETTINGS = ContextSettings(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2)
@@ -80,6 +82,44 @@ def test_greedy_with_dflash_drafter_matches_plain(tiny_target, tmp_path, short_b
         accepted += res.n_accepted
     assert accepted > 0          # the drafter's accepted rows went through rollback + injection too
     drafter.close()
+
+
+class _AlwaysDrafter(DraftLengthPolicy):
+    """Picks the drafter every step, so that "override" puts the lookup continuation into its blocks."""
+
+    def choose_step(self, match_len, available):
+        return "draft", self.draft_max
+
+
+@pytest.mark.parametrize("source,combine,adaptive", [
+    ("lookup", "prefer", False), ("lookup", "prefer", True), ("hybrid", "prefer", False),
+    ("hybrid", "prefer", True), ("hybrid", "override", False)])
+def test_greedy_with_lookup_and_hybrid_sources_matches_plain(tiny_target, tmp_path, source, combine, adaptive):
+    """Lookup drafts alone, or beside the DFlash drafter (per step, or put into its block), give plain greedy's
+    tokens; the drafter is fed every kept row while lookup drafts are verified, so it stays in sync."""
+    drafter = None
+    if source == "hybrid":
+        draft_path = write_random_drafter(tiny_target.model.path, tmp_path / "draft.gguf", taps=[1, 2], block_size=8,
+                                          n_head=4, n_head_kv=2, head_dim=16, n_ff=64, seed=3)
+        drafter = DFlashDrafter(Model(draft_path), tiny_target.ctx, SETTINGS, tiny_target.model)
+    cost = CostCurve({1: 1.0, 2: 1.1, 4: 1.4, 8: 2.2}, t_draft=0.2, t_cold={2: 1.3, 4: 1.6, 8: 2.5})
+    policy_class = _AlwaysDrafter if combine == "override" else DraftLengthPolicy
+    spec = SpecDecoder(tiny_target, drafter, policy_class(7, adaptive=adaptive, cost=cost if adaptive else None),
+                       lookup=LookupSource(tiny_target.model.n_vocab), combine=combine)
+    spec.debug_check_positions = True              # target and drafter positions agree after every step
+    plain = SpecDecoder(tiny_target, None, DraftLengthPolicy(1, adaptive=False))
+    lookup_accepted = lookup_rejected = drafter_slots = 0
+    for i, prompt in enumerate(_prompts(tiny_target.model.n_vocab, 8)):
+        ref = _generate(plain, prompt, 96).tokens
+        res = _generate(spec, prompt, 96)
+        assert res.tokens == ref, f"prompt {i}: {source} ({combine}) diverged from plain"
+        lookup_accepted += res.n_lookup_accepted
+        lookup_rejected += res.n_lookup_drafted - res.n_lookup_accepted
+        drafter_slots += res.n_drafted - res.n_lookup_drafted
+    assert lookup_accepted > 0 and lookup_rejected > 0       # lookup drafts accepted and rejected
+    if drafter is not None:
+        assert drafter_slots > 0                             # the drafter drafted too, in sync after lookup steps
+        drafter.close()
 
 
 def test_draft_window_bounds_drafter_kv_and_stays_lossless(tiny_target, tmp_path):
@@ -247,6 +287,36 @@ def test_sampling_distribution_equals_plain(tmp_path, t_mode, boost, noise):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("source,combine", [("lookup", "prefer"), ("hybrid", "prefer"), ("hybrid", "override")])
+def test_lookup_sampling_distribution_equals_plain(tmp_path, source, combine):
+    """A lookup draft is a point mass: verification divides by q = onehot(x) (accept with p(x), else draw from
+    norm(max(p − onehot, 0))). The second and third tokens, drafted by the lookup on most runs, are distributed
+    exactly as plain sampling's."""
+    path = write_tiny_llama(tmp_path / "tiny.gguf", n_vocab=16, seed=5, logit_scale=1.5)
+    target = Target(Model(path), SETTINGS, taps=[1], max_verify=4)
+    sampling = SamplingParams(temperature=1.0, top_k=12)
+    prompt = [1, 4, 9, 6, 3, 7, 4, 9, 2, 8, 10, 11, 12, 5, 13, 14, 15, 3, 6]    # most tokens occur: lookup matches
+    expected = [exact_token_marginal(target, prompt, sampling, i) for i in (1, 2)]
+    n = 2500
+    counts = np.zeros((2, len(expected[0])))
+    looked_up = 0
+    for seed in range(n):
+        oracle = None
+        if source == "hybrid":
+            oracle = OracleDrafter([0] * 24 + list(range(3, 16)), 16, corrupt=0.3, seed=seed, boost=2.0, noise=0.5)
+        policy = (_AlwaysDrafter if combine == "override" else DraftLengthPolicy)(3, adaptive=False)
+        spec = SpecDecoder(target, oracle, policy, lookup=LookupSource(16), combine=combine)
+        res = spec.generate(prompt, 5, SamplingParams(1.0, 12, seed=seed), stop_tokens=_never_stop)
+        looked_up += res.n_lookup_drafted > 0
+        counts[0, res.tokens[1]] += 1
+        counts[1, res.tokens[2]] += 1
+    assert looked_up > n // 2
+    for c, e in zip(counts, expected):
+        assert_same_distribution(c, e)
+    target.close()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["q4_1", "f16"])
 def test_greedy_equality_on_smollm2(precision):
     """Real weights (the embedded SmolLM2-135M-Instruct: Q4_1 with its Q8_0 output head, and an F16 copy),
@@ -272,3 +342,33 @@ def test_greedy_equality_on_smollm2(precision):
             k = next(j for j, (a, b) in enumerate(zip(res.tokens, ref)) if a != b)
             pytest.fail(f"{precision}, prompt {i}: speculative output diverged from plain at token {k}")
     target.close()
+
+
+@pytest.mark.slow
+def test_every_draft_source_equals_plain_on_smollm2():
+    """The embedded SmolLM2 (Q4_1) with the shipped drafter, 12 real prompts x 96 tokens, fixed draft lengths (every
+    step drafts where its source can): dflash, lookup and hybrid each give plain greedy's tokens, token for token;
+    and a lookup-only engine loads no drafter at all."""
+    from dataclasses import replace
+
+    from dflash_gguf.engine.session import Engine
+    from dflash_gguf.settings import EngineSettings
+    from engine_helpers import project_prompts
+    settings = EngineSettings(n_ctx=1024, n_threads=2, adaptive=False)
+    engine = Engine(settings)
+    lookup_only = Engine(replace(settings, draft_source="lookup"))
+    assert lookup_only.drafter is None and lookup_only.spec.lookup is not None
+    drafted = dict.fromkeys(("dflash", "lookup", "hybrid"), 0)
+    try:
+        for i, text in enumerate(project_prompts(per_category=4)):
+            prompt = engine.tokenize(text, add_special=False)
+            ref = engine.generate(prompt, 96, speculative=False).tokens
+            for source in drafted:
+                res = engine.generate(prompt, 96, source=source)
+                assert res.tokens == ref, f"{source}, prompt {i}: diverged from plain"
+                drafted[source] += res.n_accepted
+            assert lookup_only.generate(prompt, 96).tokens == ref, f"lookup without a drafter, prompt {i}"
+    finally:
+        engine.close()
+        lookup_only.close()
+    assert all(drafted.values()), drafted

@@ -63,9 +63,27 @@ def test_cost_curve_is_monotone_and_measured_in_rounds():
     curve = CostCurve({1: 1.0, 2: 0.9, 4: 2.0}, t_draft=0.1)     # a noisy t(2) below t(1)
     assert curve.verify(2) == 1.0 and curve.verify(3) == 1.5 and curve.verify(4) == 2.0
     order = []
-    measured = measure_cost_curve(lambda b: order.append(b) or float(b), lambda n, short: 0.5, sizes=(1, 2, 4),
-                                  repeats=3)
-    assert order == [1, 2, 4] * 3 and measured.t == {1: 1.0, 2: 2.0, 4: 4.0} and measured.t_draft == 0.5
+    measured = measure_cost_curve(lambda b: order.append(b) or float(b), lambda n, short: order.append("d") or 0.5,
+                                  sizes=(1, 2, 4), repeats=3)
+    # each round: the sizes back to back, then as the loop runs a draft: a target decode, the draft, its verify
+    # right after it; then the full block after a target decode
+    assert order == ([1, 2, 4, "d", 1, "d", 2, "d", 1, "d"] + [1]) * 2 + [1, 2, 4, "d", 1, "d", 2, "d", 1, "d"]
+    assert measured.t == {1: 1.0, 2: 2.0, 4: 4.0} and measured.t_draft == 0.5 and measured.t_cold == {2: 2.0}
+    assert measure_cost_curve(lambda b: float(b), None, sizes=(1, 2)).t_cold == {}     # no drafter: verifies only
+
+
+def test_a_verify_right_after_a_draft_is_timed_apart_from_one_after_a_verify():
+    last = []
+
+    def verify(b):                     # the target's weights were evicted by the drafter: 40 % dearer
+        cost = b * (1.4 if last and last[-1] == "draft" else 1.0)
+        last.append("verify")
+        return cost
+
+    curve = measure_cost_curve(verify, lambda n, short: last.append("draft") or 0.1, sizes=(1, 2, 4),
+                               draft_ns=(1, 3), draft_max=3)
+    assert curve.t == {1: 1.0, 2: 2.0, 4: 4.0} and curve.t_cold == {2: 2.8, 4: 5.6}
+    assert curve.verify(2) == 2.0 and curve.verify(2, cold=True) == 2.8
 
 
 def test_short_blocks_where_the_draft_cost_grows_with_rows():

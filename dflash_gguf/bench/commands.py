@@ -27,8 +27,9 @@ def register(app: typer.Typer) -> None:
                                            help="JSONL files with 'prompt' (+ 'id', 'category'): --prompts A B C"),
         more_prompts: Optional[list[Path]] = typer.Argument(None, metavar="MORE.jsonl", show_default=False),
         n_predict: int = typer.Option(128, "-n", "--n-predict", help="tokens to generate per prompt"),
-        baselines: str = typer.Option("plain,dflash,upstream,ngram", "--baselines",
-                                      help="comma list of plain, dflash (ours), upstream (C++ DFlash), ngram"),
+        baselines: str = typer.Option("plain,dflash,lookup,hybrid,upstream,ngram", "--baselines",
+                                      help="comma list of plain, dflash, lookup, hybrid (ours: each draft source), "
+                                           "upstream (C++ DFlash), ngram (C++ n-gram)"),
         repeat: int = typer.Option(1, "--repeat", help="repeat the whole set K times (median and min/max)"),
         limit: Optional[int] = typer.Option(None, "--limit", help="at most N prompts per category"),
         tools_dir: Optional[Path] = typer.Option(None, "--tools-dir",
@@ -37,7 +38,8 @@ def register(app: typer.Typer) -> None:
         plot_out: Optional[Path] = typer.Option(None, "--plot", help="write a PNG here"),
         engine_options: dict = None,
     ):
-        """Plain vs our DFlash vs upstream C++ DFlash vs n-gram, interleaved prompt by prompt."""
+        """Plain vs our draft sources (DFlash, lookup, hybrid) vs upstream C++ DFlash and n-gram, interleaved
+        prompt by prompt (--draft-source has no effect here: the arms name the sources)."""
         from tqdm import tqdm
 
         from ..engine.session import Engine, check_inputs, require_native
@@ -61,7 +63,7 @@ def register(app: typer.Typer) -> None:
         rows = read_rows(prompts, limit)
         settings = EngineSettings.from_env(target=model, drafter=draft, **engine_options)
         threads = settings.n_threads or os.cpu_count() or 1         # upstream baselines get the same count
-        settings = replace(settings, n_threads=threads)
+        settings = replace(settings, n_threads=threads, draft_source="hybrid")   # the drafter loaded for every arm
         ctx_size, n_gpu_layers = settings.n_ctx, settings.n_gpu_layers
         check_inputs(settings)
         require_native(settings)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-SPEEDUP_BASELINES = ("dflash", "upstream", "ngram")
-LABELS = {"dflash": "ours (DFlash)", "upstream": "upstream C++ DFlash", "ngram": "upstream n-gram"}
+SPEEDUP_BASELINES = ("dflash", "lookup", "hybrid", "upstream", "ngram")
+LABELS = {"dflash": "ours (DFlash)", "lookup": "ours (lookup)", "hybrid": "ours (hybrid)",
+          "upstream": "upstream C++ DFlash", "ngram": "upstream n-gram"}
 
 
 def plot(report: dict, out: Path) -> Path:

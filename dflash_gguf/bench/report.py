@@ -31,7 +31,9 @@ def pooled(runs: list[Run]) -> dict:
     drafted, accepted = sum(r.n_drafted for r in runs), sum(r.n_accepted for r in runs)
     out = {"prompts": len(runs), "tokens": tokens, "decode_s": seconds, "target_calls": calls,
            "tok_s": tokens / seconds if seconds > 0 else None, "tau": tokens / calls if calls else None,
-           "n_drafted": drafted, "n_accepted": accepted, "acceptance": accepted / drafted if drafted else None}
+           "n_drafted": drafted, "n_accepted": accepted, "acceptance": accepted / drafted if drafted else None,
+           "n_lookup_drafted": sum(r.n_lookup_drafted for r in runs),
+           "n_lookup_accepted": sum(r.n_lookup_accepted for r in runs)}
     width = max((len(r.drafted_per_slot) for r in runs), default=0)
     d, a = np.zeros(width), np.zeros(width)
     for r in runs:

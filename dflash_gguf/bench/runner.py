@@ -8,8 +8,8 @@ from typing import Callable
 
 from .prompts import BenchPrompt
 
-BASELINES = ("plain", "dflash", "upstream", "ngram")
-OURS = ("plain", "dflash")
+BASELINES = ("plain", "dflash", "lookup", "hybrid", "upstream", "ngram")
+OURS = ("plain", "dflash", "lookup", "hybrid")     # our engine: plain decoding and each draft source
 WARMUP_TOKENS = 16
 
 
@@ -35,6 +35,8 @@ class Run:
     matches_plain: bool | None = None   # same greedy output as plain decoding of the same prompt
     finish_reason: str | None = None
     attempts: int = 1                   # upstream: processes started to get one complete log
+    n_lookup_drafted: int = 0           # of n_drafted, drafts that came from the lookup source
+    n_lookup_accepted: int = 0
 
 
 @dataclass
@@ -47,15 +49,23 @@ class UpstreamSettings:
     n_gpu_layers: int
 
 
-def run_ours(engine, p: BenchPrompt, n: int, repeat: int, speculative: bool) -> tuple[Run, list[int]]:
-    res = engine.generate(p.tokens, n, speculative=speculative)
+def run_ours(engine, p: BenchPrompt, n: int, repeat: int, baseline: str) -> tuple[Run, list[int]]:
+    res = _generate(engine, p.tokens, n, baseline)
     t = res.timings
     # the prefill emits the first token; the decode loop the rest
-    run = Run("dflash" if speculative else "plain", p.id, p.category, repeat, res.n_prompt, len(res.tokens) - 1,
+    run = Run(baseline, p.id, p.category, repeat, res.n_prompt, len(res.tokens) - 1,
               t.decode_s, res.n_target_calls, res.n_drafted, res.n_accepted, list(res.drafted_per_slot),
               list(res.accepted_per_slot), t.draft_s, t.verify_s, t.inject_s, t.python_s,
-              finish_reason=res.finish_reason)
+              finish_reason=res.finish_reason, n_lookup_drafted=res.n_lookup_drafted,
+              n_lookup_accepted=res.n_lookup_accepted)
     return run, res.tokens
+
+
+def _generate(engine, tokens: list[int], n: int, baseline: str):
+    """Our engine as the arm says: plain decoding, or speculative with that draft source."""
+    if baseline == "plain":
+        return engine.generate(tokens, n, speculative=False)
+    return engine.generate(tokens, n, source=baseline)
 
 
 def run_upstream(baseline: str, target: Path, p: BenchPrompt, n: int, repeat: int, up: UpstreamSettings,
@@ -91,7 +101,7 @@ def run_bench(engine, prompts: list[BenchPrompt], n: int, baselines: list[str], 
             plain_tokens: list[int] | None = None
             for b in baselines:
                 if b in OURS:
-                    run, tokens = run_ours(engine, p, n, r, speculative=b == "dflash")
+                    run, tokens = run_ours(engine, p, n, r, b)
                     if b == "plain":
                         plain_tokens = tokens
                     elif plain_tokens is not None:
@@ -113,7 +123,7 @@ def _warm_up(engine, p: BenchPrompt, n: int, baselines: list[str]) -> None:
     """Graph allocation and first-touch costs are paid before anything is timed."""
     for b in baselines:
         if b in OURS:
-            engine.generate(p.tokens, min(n, WARMUP_TOKENS), speculative=b == "dflash")
+            _generate(engine, p.tokens, min(n, WARMUP_TOKENS), b)
 
 
 def _as_printed(model, tokens: list[int]) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from .report import SPLIT
 
-NAMES = {"plain": "plain", "dflash": "ours", "upstream": "upstream", "ngram": "n-gram"}
+NAMES = {"plain": "plain", "dflash": "dflash", "lookup": "lookup", "hybrid": "hybrid", "upstream": "upstream",
+         "ngram": "n-gram"}
 
 
 def _num(x, nd=2) -> str:
@@ -41,15 +42,20 @@ def render(report: dict) -> str:
     overall = report["summary"].get("all", {})
     acc = (overall.get("dflash") or {}).get("all_repeats", {}).get("acceptance_per_slot")
     if acc:
-        lines.append("ours, acceptance per slot (all): " + " ".join(f"{x:.2f}" for x in acc))
-    for b in ("plain", "dflash"):
+        lines.append("dflash, acceptance per slot (all): " + " ".join(f"{x:.2f}" for x in acc))
+    for b in ("lookup", "hybrid"):
+        pooled = (overall.get(b) or {}).get("all_repeats")
+        if pooled and pooled["n_drafted"]:
+            lines.append(f"{b}: {pooled['n_lookup_drafted']} of {pooled['n_drafted']} drafts from the lookup, "
+                         f"{pooled['n_lookup_accepted']} of them accepted")
+    for b in ("plain", "dflash", "lookup", "hybrid"):
         split = (overall.get(b) or {}).get("time_split")
         if split:
             lines.append(f"where the time goes, {NAMES[b]} (ms per target call, share of decode): " + ", ".join(
                 f"{k} {split[k]['ms_per_call']:.2f} ({100 * split[k]['share']:.0f}%)" for k in SPLIT))
     lim = (overall.get("dflash") or {}).get("limit_measured")
     if lim and lim.get("median") is not None:
-        lines.append(f"ours, limit from this run's verify+draft times {_num(lim['median'])}, efficiency "
+        lines.append(f"dflash, limit from this run's verify+draft times {_num(lim['median'])}, efficiency "
                      f"{_num(overall['dflash']['efficiency_measured']['median'])}")
     cc = report["cost_curve"]
     lines.append("verify cost t(B)/t(1): " + " ".join(f"B{b}={r:.2f}" for b, r in cc["ratios"].items())

@@ -2,7 +2,8 @@
 
 Invariant after every step: the target and the drafter hold the same positions 0..n_past-1
 (the drafter as injected context features), and `last` — the newest emitted token — sits at
-position n_past, not yet decoded by either.
+position n_past, not yet decoded by either. A lookup source (engine/sources/lookup.py) holds the text
+0..n_past: the prompt and every emitted token, `last` included.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .drafter import DraftSource, Proposal
-from .policy import DraftLengthPolicy
+from .policy import PLAIN_STEP, DraftLengthPolicy
 from .sampling import SamplingParams, draw, pick, probs_from_logits, sample
+from .sources.lookup import LookupSource, point_mass
 from .target import Target
 from .verify import SlotCounts, Verdict, verify_greedy, verify_stochastic
 
@@ -51,6 +53,9 @@ class GenerationResult:
     n_drafted: int = 0
     n_accepted: int = 0
     n_trimmed: int = 0                     # drafts left unverified because the drafter's confidence said so
+    n_lookup_steps: int = 0                # verifies of lookup continuations alone
+    n_lookup_drafted: int = 0              # drafts from the lookup (alone or in the drafter's block), in n_drafted
+    n_lookup_accepted: int = 0
     slots: SlotCounts = field(default_factory=SlotCounts)
     timings: Timings = field(default_factory=Timings)
 
@@ -83,7 +88,8 @@ class GenerationResult:
     def stats(self) -> dict:
         t = self.timings
         return {"tau": round(self.tau, 4), "n_target_calls": self.n_target_calls, "n_plain_steps": self.n_plain_steps,
-                "n_drafted": self.n_drafted, "n_accepted": self.n_accepted,
+                "n_drafted": self.n_drafted, "n_accepted": self.n_accepted, "n_lookup_steps": self.n_lookup_steps,
+                "n_lookup_drafted": self.n_lookup_drafted, "n_lookup_accepted": self.n_lookup_accepted,
                 "acceptance_per_slot": [round(x, 4) for x in self.acceptance_per_slot],
                 "tok_s": round(self.tok_s, 2), "n_prompt": self.n_prompt, "n_generated": len(self.tokens),
                 "finish_reason": self.finish_reason,
@@ -93,17 +99,28 @@ class GenerationResult:
 
 
 class SpecDecoder:
-    """Lossless speculative decoding of one sequence with a target and a draft source.
+    """Lossless speculative decoding of one sequence with a target and draft sources: a drafter, a lookup
+    source, or both (each step the policy picks plain, the drafter or the lookup continuation).
 
     t_mode (T > 0 only): "rejection" samples drafts from q and accepts with min(1, p/q);
-    "match" proposes the drafter's argmax (q one-hot) — also lossless, accepts with p(x).
+    "match" proposes the drafter's argmax (q one-hot) — also lossless, accepts with p(x). A lookup draft is a
+    point mass in both: q one-hot on its token.
+    combine (drafter and lookup): "prefer" verifies the lookup continuation alone where the policy picks it;
+    "override" also puts the continuation into the drafter's block where the policy picks the drafter.
     """
 
     def __init__(self, target: Target, drafter: DraftSource | None, policy: DraftLengthPolicy,
-                 *, t_mode: str = "rejection"):
+                 *, t_mode: str = "rejection", lookup: LookupSource | None = None, combine: str = "prefer"):
         if t_mode not in ("rejection", "match"):
             raise ValueError(f"t_mode must be 'rejection' or 'match', got {t_mode!r}")
+        if combine not in ("prefer", "override"):
+            raise ValueError(f"combine must be 'prefer' or 'override', got {combine!r}")
         self.target, self.drafter, self.policy, self.t_mode = target, drafter, policy, t_mode
+        self.lookup, self.combine = lookup, combine
+        if lookup is not None:
+            policy.has_drafter = drafter is not None
+            if policy.lookup is None:
+                policy.use_lookup(lookup.max_ngram)
         self.debug_check_positions = False
 
     # -- the loop ------------------------------------------------------------------------------
@@ -128,6 +145,10 @@ class SpecDecoder:
         sink = self.drafter.process if self.drafter is not None else None
         last = pick(self.target.prefill(prompt, sink), sampling, rng)
         res.timings.prefill_s = time.perf_counter() - t_start
+        if self.lookup is not None:
+            self.lookup.begin()
+            self.lookup.see(prompt)
+            self._offered = None
 
         emitted = [last]
         while True:
@@ -136,19 +157,50 @@ class SpecDecoder:
             room = min(max_tokens - len(res.tokens), self.target.n_ctx - self.target.n_past) - 1
             if room < 0:
                 break
-            n = min(self.policy.choose() if self.drafter is not None else 0, room)
-            emitted = self._step(last, n, sampling, rng, res) if n > 0 else self._plain_step(last, sampling, rng, res)
+            if self.lookup is None:
+                n = min(self.policy.choose() if self.drafter is not None else 0, room)
+                emitted = self._step(last, n, sampling, rng, res) if n > 0 else self._plain_step(last, sampling, rng, res)
+            else:
+                self._lookup_seen(emitted)
+                emitted = self._choose_and_step(last, room, sampling, rng, res)
             last = emitted[-1]
         res.timings.total_s = time.perf_counter() - t_start
         return res
 
-    def _step(self, last: int, n: int, sampling: SamplingParams, rng, res: GenerationResult) -> list[int]:
-        """One target call; returns the tokens it emits (the last one is not yet decoded)."""
+    def _lookup_seen(self, emitted: list[int]) -> None:
+        """Hand the lookup the tokens the last step emitted, and the policy how the continuation it offered
+        before that step fared against them."""
+        self.lookup.see(emitted)
+        if self._offered is not None:
+            self.policy.observe_lookup(*self._offered, emitted)
+
+    def _choose_and_step(self, last: int, room: int, sampling: SamplingParams, rng, res: GenerationResult):
+        continuation, match_len = self.lookup.match(min(self.policy.draft_max, room)) if room else ([], 0)
+        kind, n = self.policy.choose_step(match_len, len(continuation)) if room else PLAIN_STEP
+        self._offered = (match_len, continuation) if continuation else None
+        if kind == "lookup":
+            return self._step(last, n, sampling, rng, res, lookup=continuation[:n])
+        if kind == "draft":
+            override = continuation if self.combine == "override" else None
+            return self._step(last, min(n, room), sampling, rng, res, override=override)
+        return self._plain_step(last, sampling, rng, res)
+
+    def _step(self, last: int, n: int, sampling: SamplingParams, rng, res: GenerationResult,
+              lookup: list[int] | None = None, override: list[int] | None = None) -> list[int]:
+        """One target call; returns the tokens it emits (the last one is not yet decoded). lookup: verify these
+        n tokens of the lookup continuation (no draft call); override: the drafter drafts, and the
+        continuation's tokens take the slots it covers."""
         pos = self.target.n_past
         t_flush = time.perf_counter()
-        flushed = self.drafter.flush() if n > 0 else 0                    # rows held back since the last draft
+        flushed = self.drafter.flush() if n > 0 and lookup is None else 0  # rows held back since the last draft
         t0 = time.perf_counter()
-        proposal = self.draft(last, pos, n, sampling, rng) if n > 0 else Proposal([])
+        if lookup is not None:
+            proposal = Proposal(lookup) if sampling.greedy else point_mass(lookup, self.target.model.n_vocab)
+        else:
+            proposal = self.draft(last, pos, n, sampling, rng) if n > 0 else Proposal([])
+            if override:
+                proposal = overridden(proposal, override, sampling.greedy, self.target.model.n_vocab)
+        n_looked_up = n if lookup is not None else min(len(override or ()), n)
         drafted = n
         if proposal.confidence is not None:                                # verify only the slots worth it
             proposal = proposal.first(self.policy.trim(proposal.confidence))
@@ -171,6 +223,9 @@ class SpecDecoder:
         res.n_drafted += n
         res.n_trimmed += drafted - n
         res.n_accepted += verdict.n_accepted
+        res.n_lookup_steps += lookup is not None
+        res.n_lookup_drafted += n_looked_up
+        res.n_lookup_accepted += min(verdict.n_accepted, n_looked_up)
         res.slots.record(n, verdict.n_accepted)
         res.timings.draft_s += t1 - t0
         res.timings.verify_s += t2 - t1
@@ -180,7 +235,7 @@ class SpecDecoder:
         # a probe's draft looked ~3x dearer (bench: 1.7 ms against 0.64) and kept the policy plain where drafting pays.
         draft_s = (t1 - t0) + ((t0 - t_flush) if flushed <= self.policy.draft_max + 1 else 0.0)
         self.policy.observe(n, verdict.n_accepted, verify_s=t2 - t1, draft_s=draft_s if drafted else None,
-                           draft_n=drafted if drafted != n else None)
+                           draft_n=drafted if drafted != n else None, lookup=lookup is not None)
         if self.debug_check_positions:
             self.check_positions()
         return verdict.emitted(proposal.tokens)
@@ -200,7 +255,7 @@ class SpecDecoder:
         res.n_plain_steps += 1
         res.timings.verify_s += t1 - t0
         res.timings.inject_s += t2 - t1
-        if self.drafter is not None:
+        if self.policy.cost is not None:
             self.policy.observe(0, 0, verify_s=t1 - t0)
         if self.debug_check_positions:
             self.check_positions()
@@ -251,3 +306,18 @@ class SpecDecoder:
         if self.drafter is not None and hasattr(self.drafter, "pos_max"):
             d_max = self.drafter.pos_max()
             assert d_max == t_max, f"drafter holds up to {d_max}, target up to {t_max}"
+
+
+def overridden(proposal: Proposal, continuation: list[int], greedy: bool, n_vocab: int) -> Proposal:
+    """The drafter's block with its first slots taken by the lookup continuation's tokens; at T > 0 each taken
+    slot's q is the point mass on its token (the distribution it was drawn from), the rest keep the drafter's."""
+    k = min(len(continuation), len(proposal.tokens))
+    tokens = list(continuation[:k]) + proposal.tokens[k:]
+    if greedy:
+        return Proposal(tokens)
+    q = proposal.q
+    if q is None:                                   # "match": every slot one-hot, which verify builds itself
+        return Proposal(tokens, proposal.logits)
+    q = np.array(q)
+    q[:k] = point_mass(continuation[:k], n_vocab).q
+    return Proposal(tokens, proposal.logits, q)

@@ -5,6 +5,11 @@ t(16) ≈ 8·t(1); F16: 3.6×) and nearly flat on big GPUs. With α_k the probab
 accepted given slots < k were, a step that verifies n drafts yields E(n) = 1 + Σ_{j≤n} Π_{k≤j} α_k
 tokens in t(n+1) + t_draft. We pick the n with the best E(n) / time, and plain decoding
 (1 token in t(1)) when no n beats it — probing speculation now and then so α stays current.
+
+With a lookup source beside the drafter (engine/sources/lookup.py) each step weighs three prices: plain, the
+drafter's best n (its verify priced as the loop runs it: right after a draft, which evicted the target's weights
+from the caches), and the lookup continuation's best k (no draft call, a verify with warm caches), with the
+lookup's acceptance tracked per match length from every step's emitted tokens, verified or not.
 """
 
 from __future__ import annotations
@@ -46,16 +51,25 @@ class CostCurve:
     """Seconds per target decode of B rows (t[B]) and per draft call, updated online.
 
     With `short_blocks` the drafter runs n+1 rows for n drafts instead of its whole trained block, and
-    `t_draft_n[n]` is the cost of a draft call of n tokens; otherwise every draft call costs `t_draft`."""
+    `t_draft_n[n]` is the cost of a draft call of n tokens; otherwise every draft call costs `t_draft`.
+
+    `t` is a verify right after another target decode (plain streaks, lookup drafts); `t_cold` a verify right
+    after a draft call, as the speculative loop runs it: on CPUs the drafter evicts the target's weights from the
+    caches in between (measured in the loop: t(2) 1.3–1.6 t(1) against 1.08–1.20 back to back,
+    docs/fallback-cost.md). Without a `t_cold` (no drafter, or an old curve) drafts are priced with `t`."""
     t: dict[int, float]
     t_draft: float
     smoothing: float = 0.1
     short_blocks: bool = False
     t_draft_n: dict[int, float] = field(default_factory=dict)
+    t_cold: dict[int, float] = field(default_factory=dict)
     shape: dict[int, float] = field(init=False, repr=False, compare=False)   # t(B)/t(1) as first measured
+    shape_cold: dict[int, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        self.shape = {b: v / self.t[1] for b, v in self.t.items()} if self.t.get(1) else {}
+        t1 = self.t.get(1)
+        self.shape = {b: v / t1 for b, v in self.t.items()} if t1 else {}
+        self.shape_cold = {b: v / t1 for b, v in self.t_cold.items()} if t1 else {}
 
     def draft(self, n: int) -> float:
         return float(self.drafts(np.array([n]))[0])
@@ -66,21 +80,24 @@ class CostCurve:
             return np.full(len(ns), self.t_draft)
         return interp_table(self.t_draft_n, ns)
 
-    def verify(self, b: int) -> float:
-        return float(self.verifies(np.array([b]))[0])
+    def verify(self, b: int, cold: bool = False) -> float:
+        return float(self.verifies(np.array([b]), cold)[0])
 
-    def verifies(self, bs: np.ndarray) -> np.ndarray:
-        """t(b) for each b, never below t of a smaller batch: more rows never cost less, and a noisy point
-        that says so (measured: t(2)/t(1) = 0.94) would make speculation look free."""
-        return interp_table(self.t, bs, monotone=True)
+    def verifies(self, bs: np.ndarray, cold: bool = False) -> np.ndarray:
+        """t(b) for each b (after a draft call with `cold`), never below t of a smaller batch: more rows never
+        cost less, and a noisy point that says so (measured: t(2)/t(1) = 0.94) would make speculation look free."""
+        table = self.t_cold if cold and self.t_cold else self.t
+        return np.maximum(interp_table(table, bs, monotone=True), interp_table(self.t, bs, monotone=True))
 
-    def observe_verify(self, b: int, seconds: float) -> None:
-        self.t[b] = _smoothed(self.t.get(b), seconds, self.smoothing)
-        if b > 1 and self.shape and 1 in self.t:
+    def observe_verify(self, b: int, seconds: float, cold: bool = False) -> None:
+        cold = cold and bool(self.t_cold)
+        table, shape = (self.t_cold, self.shape_cold) if cold else (self.t, self.shape)
+        table[b] = _smoothed(table.get(b), seconds, self.smoothing)
+        if b > 1 and shape and 1 in self.t:
             # t(1) is timed on plain steps only, so a speculative streak would keep whatever it last was. The
             # calibrated shape turns this timing into one of t(1), which may only lower it: a t(1) that looks
             # too dear makes drafting look cheap, the one mistake that loses against plain decoding.
-            implied = seconds / float(interp_table(self.shape, b))
+            implied = seconds / float(interp_table(shape, b))
             if implied < self.t[1]:
                 self.t[1] = _smoothed(self.t[1], implied, self.smoothing)
 
@@ -94,42 +111,64 @@ class CostCurve:
         return {b: self.t[b] / self.t[1] for b in sorted(self.t)}
 
     def to_json(self) -> dict:
-        return {"t": {str(k): v for k, v in self.t.items()}, "t_draft": self.t_draft,
-                "short_blocks": self.short_blocks, "t_draft_n": {str(k): v for k, v in self.t_draft_n.items()}}
+        return {"t": _str_keys(self.t), "t_draft": self.t_draft, "short_blocks": self.short_blocks,
+                "t_draft_n": _str_keys(self.t_draft_n), "t_cold": _str_keys(self.t_cold)}
 
     @classmethod
     def from_json(cls, d: dict) -> "CostCurve":
-        return cls({int(k): float(v) for k, v in d["t"].items()}, float(d["t_draft"]),
-                   short_blocks=bool(d.get("short_blocks", False)),
-                   t_draft_n={int(k): float(v) for k, v in d.get("t_draft_n", {}).items()})
+        return cls(_int_keys(d["t"]), float(d["t_draft"]), short_blocks=bool(d.get("short_blocks", False)),
+                   t_draft_n=_int_keys(d.get("t_draft_n", {})), t_cold=_int_keys(d.get("t_cold", {})))
 
 
-def measure_cost_curve(time_verify: Callable[[int], float], time_draft: Callable[[int, bool], float],
+def _str_keys(table: dict[int, float]) -> dict[str, float]:
+    return {str(k): v for k, v in table.items()}
+
+
+def _int_keys(table: dict[str, float]) -> dict[int, float]:
+    return {int(k): float(v) for k, v in table.items()}
+
+
+def measure_cost_curve(time_verify: Callable[[int], float], time_draft: Callable[[int, bool], float] | None,
                        sizes=(1, 2, 3, 4, 6, 8, 12, 16), repeats: int = 5, draft_ns: Sequence[int] = (1,),
                        draft_max: int = 1, short_gain: float = 0.7) -> CostCurve:
     """Median of `repeats` timings per batch size, taken in rounds over all sizes so that a slow spell of a
     shared machine hits every size alike. time_verify(B) runs one target decode of B rows; time_draft(n, short)
-    one draft call of n tokens, with n+1 rows (short) or the whole block; both return seconds.
+    one draft call of n tokens, with n+1 rows (short) or the whole block; both return seconds. Without a
+    drafter (time_draft None) only the verify curve is measured.
+
+    Interleaved as the loop runs them: the verify sizes back to back (`t`: what a plain streak or a lookup
+    draft pays), then per draft length a target decode, the draft, and the verify of its n+1 rows right after it
+    (`t_draft_n`, `t_cold`: each with the other model's weights just through the caches).
 
     Short blocks are used where they cost at most `short_gain` of a full block (CPUs, where the drafter's
     cost grows with its rows); on a GPU, where a few rows cost as much as a block, the trained full block
     drafts better (SmolLM2's drafter: slot-1 acceptance 0.28 with 2 rows, 0.32 with 8)."""
     times: dict[int, list[float]] = {b: [] for b in sizes}
+    draft_ns = list(draft_ns) if time_draft is not None else []
     short: dict[int, list[float]] = {n: [] for n in draft_ns}
+    cold: dict[int, list[float]] = {n + 1: [] for n in draft_ns}
     full = []
-    for _ in range(repeats):
+    for r in range(repeats):
+        if r and time_draft is not None:
+            time_verify(1)          # the last draft's weights out of the caches before the back-to-back sizes
         for b in sizes:
             times[b].append(time_verify(b))
-        for n in draft_ns:          # the second of two calls: a drafter keeps n for a while, and the first
-            time_draft(n, True)     # call of a new shape pays for building its graph (~0.4 ms measured)
+        if time_draft is None:
+            continue
+        for n in draft_ns:          # the first call of a new shape pays for building its graph (~0.4 ms measured)
+            time_draft(n, True)
+            time_verify(1)
             short[n].append(time_draft(n, True))
+            cold[n + 1].append(time_verify(n + 1))
         time_draft(draft_max, False)
+        time_verify(1)
         full.append(time_draft(draft_max, False))
-    t_full = float(np.median(full))
-    t_short = {n: float(np.median(v)) for n, v in short.items()}
+    med = (lambda table: {k: float(np.median(v)) for k, v in table.items()})
+    t_full = float(np.median(full)) if full else 0.0
+    t_short = med(short)
     use_short = bool(t_short) and t_short[min(t_short)] <= short_gain * t_full
-    return CostCurve({b: float(np.median(v)) for b, v in times.items()}, t_full, short_blocks=use_short,
-                     t_draft_n=t_short if use_short else {})
+    return CostCurve(med(times), t_full, short_blocks=use_short, t_draft_n=t_short if use_short else {},
+                     t_cold=med(cold))
 
 
 class CostCache:
@@ -139,11 +178,13 @@ class CostCache:
         self.path = path
 
     @staticmethod
-    def key(model_path: Path, backend: str, n_threads: int, n_gpu_layers: int, drafter_path: Path) -> str:
+    def key(model_path: Path, backend: str, n_threads: int, n_gpu_layers: int, drafter_path: Path | None) -> str:
+        """drafter_path None: the verify curve alone (a lookup source, no drafter)."""
         import platform  # noqa: PLC0415
-        st, dst = model_path.stat(), drafter_path.stat()
-        return (f"{model_path.resolve()}:{st.st_size}:{int(st.st_mtime)}|{drafter_path.name}:{dst.st_size}|"
-                f"{platform.node()}|{backend}|t{n_threads}|ngl{n_gpu_layers}|v3")   # v3: per-n draft costs, warm timings
+        st = model_path.stat()
+        drafter = f"{drafter_path.name}:{drafter_path.stat().st_size}" if drafter_path else "no-drafter"
+        return (f"{model_path.resolve()}:{st.st_size}:{int(st.st_mtime)}|{drafter}|"
+                f"{platform.node()}|{backend}|t{n_threads}|ngl{n_gpu_layers}|v4")   # v4: verify after a draft (t_cold)
 
     def get(self, key: str) -> CostCurve | None:
         try:
@@ -192,8 +233,61 @@ class SlotAcceptance:
         return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.alpha()))])
 
 
+class LookupAcceptance:
+    """α of a lookup continuation's slots per match length (1..max_match): the continuation of a long match is
+    copied text far more often than that of one token. Fed from every step's emitted tokens, whether the
+    continuation was verified or not (the tokens a step emits are the target's own picks for those positions, and
+    at T > 0 a point-mass draft x is accepted with probability p(x), the chance the target emits x), so it costs
+    no target call to keep current. Plain Python lists: it runs every step."""
+
+    def __init__(self, n_slots: int, max_match: int, prior_accept: float | list = 0.3, prior_weight: float = 2.0,
+                 decay: float = 0.98):
+        self.n_slots, self.max_match, self.prior_weight, self.decay = n_slots, max_match, prior_weight, decay
+        buckets = range(max_match + 1)
+        self.prior = prior_accept if isinstance(prior_accept, list) else [[prior_accept] * n_slots for _ in buckets]
+        self.tried = [[0.0] * n_slots for _ in buckets]
+        self.accepted = [[0.0] * n_slots for _ in buckets]
+        self._expected: list[list[float] | None] = [None for _ in buckets]
+
+    def record(self, match_len: int, n_known: int, n_agreed: int) -> None:
+        """A continuation after a match of match_len tokens: the target's tokens are known for its first n_known
+        slots, and the first n_agreed of them agreed."""
+        b = min(match_len, self.max_match)
+        tried, accepted, d = self.tried[b], self.accepted[b], self.decay
+        for i in range(min(n_known, n_agreed + 1)):     # each slot's evidence decays as new evidence for it comes
+            tried[i] = d * tried[i] + 1.0
+            accepted[i] = d * accepted[i] + (i < n_agreed)
+        self._expected[b] = None
+
+    def alpha(self, match_len: int) -> list[float]:
+        b = min(match_len, self.max_match)
+        w = self.prior_weight
+        return [(a + p * w) / (t + w) for a, t, p in zip(self.accepted[b], self.tried[b], self.prior[b])]
+
+    def expected(self, match_len: int) -> list[float]:
+        """E(k) for k = 0..n_slots: 1 + Σ_{j≤k} Π_{i≤j} α_i."""
+        b = min(match_len, self.max_match)
+        e = self._expected[b]
+        if e is None:
+            e, run = [1.0], 1.0
+            for a in self.alpha(b):
+                run *= a
+                e.append(e[-1] + run)
+            self._expected[b] = e
+        return e
+
+    def carried(self) -> "LookupAcceptance":
+        """A fresh estimate with this one's α as its prior, at the prior's weight."""
+        return LookupAcceptance(self.n_slots, self.max_match, [self.alpha(b) for b in range(self.max_match + 1)],
+                                self.prior_weight, self.decay)
+
+
+PLAIN_STEP = ("plain", 0)
+
+
 class DraftLengthPolicy:
-    """Chooses n (0 = plain decoding step) each step; `fixed` always returns draft_max."""
+    """Chooses n (0 = plain decoding step) each step; `fixed` always returns draft_max. With a lookup source,
+    `choose_step` also weighs its continuation against the drafter and plain decoding."""
 
     def __init__(self, draft_max: int, draft_min: int = 1, *, adaptive: bool = True,
                  cost: CostCurve | None = None, probe_every: int = 16, margin: float = 0.03, recheck: int = 32):
@@ -210,6 +304,13 @@ class DraftLengthPolicy:
         self.last_reason = "fixed" if not self.adaptive else "init"
         self.use_confidence = True          # trim blocks by the drafter's confidences, where it gives them
                                             # (the engine asks the drafter for them with --draft-confidence)
+        self.has_drafter = True             # False: a lookup source alone (choose_step never asks the drafter)
+        self.lookup: LookupAcceptance | None = None
+        self._rates: dict[int, float] = {}  # the drafter's expected tokens/s per n, as last weighed
+        self._warm: list[float] | None = None   # t(1..draft_max+1)/t(1) with warm caches (the lookup's verifies)
+
+    def use_lookup(self, max_match: int) -> None:
+        self.lookup = LookupAcceptance(self.draft_max, max_match)
 
     def reset(self) -> None:
         """A new generation starts from the α the last one ended with (weighted like the prior), not from the
@@ -218,6 +319,8 @@ class DraftLengthPolicy:
         be one where drafting pays though the last was not (starting at half the last gap measured no better:
         docs/fallback-cost.md)."""
         self.slots = self.slots.carried()
+        if self.lookup is not None:
+            self.lookup = self.lookup.carried()
         self._plain_streak = 0
         self._probe_gap = self.probe_every
 
@@ -225,9 +328,10 @@ class DraftLengthPolicy:
         """Expected tokens per second for each n (0 = plain decoding)."""
         e = self.slots.expected_tokens()
         ns = np.arange(self.draft_min, self.draft_max + 1)
-        t = self.cost.verifies(np.concatenate([[1], ns + 1]))          # one pass per step: this runs every token
-        rates = {0: 1.0 / float(t[0])}
-        rates.update(zip(ns.tolist(), (e[ns] / (t[1:] + self.cost.drafts(ns))).tolist()))
+        t = self.cost.verifies(ns + 1, cold=True)                   # a drafter's verify runs right after its draft
+        rates = {0: 1.0 / self.cost.verify(1)}
+        rates.update(zip(ns.tolist(), (e[ns] / (t + self.cost.drafts(ns))).tolist()))
+        self._rates = rates
         return rates
 
     def choose(self) -> int:
@@ -255,6 +359,49 @@ class DraftLengthPolicy:
         self.last_reason = "plain: speculation would lose"
         return 0
 
+    def choose_step(self, match_len: int, available: int) -> tuple[str, int]:
+        """("plain", 0), ("draft", n): n drafter tokens, or ("lookup", k): the first k of the lookup's
+        continuation (`available` tokens after a match of `match_len`). The lookup wins where its expected
+        tokens per second, E_m(k) / t(k+1) with warm caches and no draft call, beat both plain decoding (by the
+        margin) and the drafter's choice; without a cost curve wherever it has a continuation."""
+        n = self.choose() if self.has_drafter else 0
+        if not available:
+            return ("draft", n) if n else PLAIN_STEP
+        k_max = min(available, self.draft_max)
+        if not self.adaptive:
+            self.last_reason = "lookup"
+            return ("lookup", k_max)
+        # in units of 1 / t(1): the lookup's verifies are priced by their ratio to a plain step, which holds
+        # while the machine's load moves both (a shared CPU: t(1) 15–35 ms within minutes)
+        e, ratio = self.lookup.expected(match_len), self._warm_ratios()
+        best_k, best = 0, 1 + self.margin
+        if n:
+            best = max(best, self._rates.get(n, 0.0) * self.cost.t[1])
+        for k in range(1, k_max + 1):
+            rate = e[k] / ratio[k]
+            if rate > best:
+                best_k, best = k, rate
+        if best_k:
+            self.last_reason = "lookup"
+            return ("lookup", best_k)
+        return ("draft", n) if n else PLAIN_STEP
+
+    def _warm_ratios(self) -> list[float]:
+        """t(k+1)/t(1) with warm caches for k = 0..draft_max: calibrated, then each lookup verify's own ratio to
+        the t(1) of its time (smoothed and clipped like every timing)."""
+        if self._warm is None:
+            shape = self.cost.shape or self.cost.ratios()
+            self._warm = interp_table(shape, np.arange(1, self.draft_max + 2), monotone=True).tolist()
+        return self._warm
+
+    def observe_lookup(self, match_len: int, continuation: list[int], emitted: list[int]) -> None:
+        """A step's emitted tokens against the lookup continuation offered before it (verified or not)."""
+        known = min(len(continuation), len(emitted), self.draft_max)
+        agreed = 0
+        while agreed < known and continuation[agreed] == emitted[agreed]:
+            agreed += 1
+        self.lookup.record(match_len, known, agreed)
+
     def trim(self, confidence: np.ndarray) -> int:
         """How many of a drafted block's slots to verify when the drafter rates each (DSpark's confidence head:
         c_i, the chance slot i is accepted once the slots before it were): the k with the best
@@ -268,8 +415,15 @@ class DraftLengthPolicy:
         return int(np.argmax(e / t))
 
     def observe(self, n_drafted: int, n_accepted: int, verify_s: float | None = None,
-                draft_s: float | None = None, draft_n: int | None = None) -> None:
-        """n_drafted: drafts verified; draft_n: drafts the draft call made, when `trim` kept fewer."""
+                draft_s: float | None = None, draft_n: int | None = None, lookup: bool = False) -> None:
+        """n_drafted: drafts verified; draft_n: drafts the draft call made, when `trim` kept fewer; lookup: the
+        drafts came from the lookup source (no draft call before the verify; their α is `observe_lookup`'s)."""
+        if lookup:
+            if self.cost is not None and verify_s is not None:
+                ratio = self._warm_ratios()
+                ratio[n_drafted] = _smoothed(ratio[n_drafted], verify_s / self.cost.t[1], self.cost.smoothing)
+                self.cost.observe_verify(n_drafted + 1, verify_s)
+            return
         if draft_n and draft_s is not None and self.cost is not None:
             self.cost.observe_draft(draft_s, draft_n)
             draft_s = None
@@ -281,6 +435,6 @@ class DraftLengthPolicy:
             self.slots.update(n_drafted, n_accepted)
         if self.cost is not None:
             if verify_s is not None:
-                self.cost.observe_verify(n_drafted + 1, verify_s)
+                self.cost.observe_verify(n_drafted + 1, verify_s, cold=True)
             if draft_s is not None:
                 self.cost.observe_draft(draft_s, n_drafted)

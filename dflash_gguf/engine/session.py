@@ -15,10 +15,12 @@ from .draft_sources import open_drafter
 from .loop import GenerationResult, SpecDecoder, TokenCallback
 from .policy import CostCache, CostCurve, DraftLengthPolicy, measure_cost_curve
 from .sampling import SamplingParams
+from .sources.lookup import LookupSource
 from .target import Target
 
 CALIBRATION_CONTEXT = 64      # tokens decoded before the timed batches
 CALIBRATION_BUDGET_S = 10.0   # what measuring the verify-cost curve may take on a slow device
+LOOKUP_BLOCK = 16             # most tokens + 1 a lookup continuation verifies when no drafter sets the block
 
 
 def default_target() -> Path:
@@ -49,7 +51,8 @@ def _overrides(specs: Sequence[str]) -> list[TensorOverride]:
 
 
 class Engine:
-    """One target, optionally one drafter, a plain decoder and a speculative decoder over them."""
+    """One target, optionally one drafter, a plain decoder and speculative decoders over them: one per draft
+    source (dflash: the drafter, lookup: prompt lookup, hybrid: both, picked per step), `spec` the settings' one."""
 
     def __init__(self, settings: EngineSettings, *, speculative: bool = True, calibrate: bool | None = None):
         from ..native.offload import moe_overrides  # noqa: PLC0415
@@ -64,7 +67,7 @@ class Engine:
                                   devices=s.devices)
         self.drafter_model = None
         taps: list[int] = []
-        block = 16
+        block = LOOKUP_BLOCK
         if drafter_path is not None:
             ngl = s.n_gpu_layers if s.draft_n_gpu_layers is None else s.draft_n_gpu_layers
             self.drafter_model = _load(drafter_path, n_gpu_layers=ngl, overrides=_overrides(s.draft_override_tensor),
@@ -82,20 +85,36 @@ class Engine:
             window = s.draft_ctx if s.draft_ctx and s.draft_ctx < s.n_ctx else None
             self.drafter = open_drafter(self.drafter_model, self.target.ctx, dctx, self.target_model, window=window)
         self.cost: CostCurve | None = None
-        if self.drafter is not None and s.adaptive and calibrate is not False:
+        if speculative and s.adaptive and calibrate is not False:
             self.cost = self._cost_curve()
-            self.drafter.short_blocks = self.cost.short_blocks
-        self.policy = DraftLengthPolicy(self.draft_max, min(s.draft_min, self.draft_max),
-                                        adaptive=s.adaptive, cost=self.cost)
+            if self.drafter is not None:
+                self.drafter.short_blocks = self.cost.short_blocks
         # --draft-confidence: a drafter with a confidence head rates its slots, and the policy trims by them
-        rated = s.draft_confidence and self.policy.adaptive and hasattr(self.drafter, "rate_slots")
-        self.policy.use_confidence = rated and self.drafter.rate_slots()
-        self.spec = SpecDecoder(self.target, self.drafter, self.policy, t_mode=s.t_mode)
+        self._rated = s.draft_confidence and s.adaptive and hasattr(self.drafter, "rate_slots")
+        self._decoders: dict[str, SpecDecoder] = {}
+        self.plain = SpecDecoder(self.target, None, DraftLengthPolicy(1, adaptive=False))
+        self.spec = self.decoder(s.draft_source)
+        self.policy = self.spec.policy
         # Turning the taps off for plain decoding and on again re-reserves the scheduler, and any re-reserve on
         # lavapipe (Vulkan) crashes its queue thread (docs/vulkan.md): on device builds the taps stay on (plain
         # pays one small readback of the tapped rows per token)
         self._toggle_taps = self.target_model.native.info.get("backend") == "cpu"
-        self.plain = SpecDecoder(self.target, None, DraftLengthPolicy(1, adaptive=False))
+
+    def decoder(self, source: str) -> SpecDecoder:
+        """The speculative decoder of a draft source (built on first use, each with its own policy); the plain
+        decoder where the source needs the drafter and none is loaded."""
+        if source not in self._decoders:
+            drafter = None if source == "lookup" else self.drafter
+            if drafter is None and source != "lookup":
+                return self.plain
+            lookup = LookupSource(self.target_model.n_vocab, self.draft_max + 1) if source != "dflash" else None
+            policy = DraftLengthPolicy(self.draft_max, min(self.settings.draft_min, self.draft_max),
+                                       adaptive=self.settings.adaptive, cost=self.cost)
+            policy.use_confidence = bool(drafter is not None and self._rated and policy.adaptive
+                                         and drafter.rate_slots())
+            self._decoders[source] = SpecDecoder(self.target, drafter, policy, t_mode=self.settings.t_mode,
+                                                 lookup=lookup)
+        return self._decoders[source]
 
     @staticmethod
     def _fit(s: EngineSettings, target_path: Path, drafter_path: Path | None) -> EngineSettings:
@@ -129,14 +148,17 @@ class Engine:
 
     # -- generation ---------------------------------------------------------------------------
     def generate(self, prompt: Sequence[int], max_tokens: int, sampling: SamplingParams = SamplingParams(),
-                 on_tokens: TokenCallback | None = None, *, speculative: bool = True) -> GenerationResult:
-        if speculative and self.drafter is not None:
-            return self.spec.generate(list(prompt), max_tokens, sampling, on_tokens)
+                 on_tokens: TokenCallback | None = None, *, speculative: bool = True,
+                 source: str | None = None) -> GenerationResult:
+        """source: a draft source other than the settings' (bench runs each of them)."""
+        decoder = (self.spec if source is None else self.decoder(source)) if speculative else self.plain
+        if decoder.drafter is not None:
+            return decoder.generate(list(prompt), max_tokens, sampling, on_tokens)
         taps = self.target.ctx.taps if self._toggle_taps else []
-        if taps:      # plain decoding pays nothing for speculation: no hidden-state copies
+        if taps:      # plain decoding and lookup pay nothing for the drafter: no hidden-state copies
             self.target.ctx.set_taps([])
         try:
-            return self.plain.generate(list(prompt), max_tokens, sampling, on_tokens)
+            return decoder.generate(list(prompt), max_tokens, sampling, on_tokens)
         finally:
             if taps:
                 self.target.ctx.set_taps(taps)
@@ -153,7 +175,7 @@ class Engine:
             from ..native.cpu_kernels import CpuKernels  # noqa: PLC0415
             backend = f"cpu-{CpuKernels(self.target_model.native).isa}"
         key = CostCache.key(self.target_model.path, backend, self.settings.n_threads, self.settings.n_gpu_layers,
-                            self.drafter_model.path)
+                            self.drafter_model.path if self.drafter_model else None)
         curve = cache.get(key)
         if curve is None:
             curve = self.measure_cost_curve()
@@ -161,20 +183,30 @@ class Engine:
         return curve
 
     def measure_cost_curve(self, sizes: Sequence[int] | None = None) -> CostCurve:
-        """Time target decodes of B rows and one draft call after a fixed context; leaves the caches empty."""
+        """Time target decodes of B rows and draft calls after a fixed context, interleaved as the loop runs
+        them (policy.measure_cost_curve); without a drafter the verify curve alone. Leaves the caches empty."""
         sizes = sizes or sorted({1, 2, 3, 4, 6, 8, 12, 16, self.draft_max + 1} - {0})
         sizes = [b for b in sizes if b <= self.draft_max + 1]
         # token ids spread over the vocabulary: timing does not depend on the text, and a target whose
         # tokenizer cannot encode some text (llama.cpp aborts on it) still calibrates
         n_vocab = self.target_model.n_vocab
         context = [(17 + 7919 * i) % n_vocab for i in range(CALIBRATION_CONTEXT)]
+        drafter = self.drafter
         self.target.reset()
-        self.drafter.begin()
-        self.target.prefill(context, self.drafter.process)
+        if drafter is not None:
+            drafter.begin()
+        self.target.prefill(context, drafter.process if drafter is not None else None)
         probe = context[-1]
 
         def time_verify(b: int) -> float:
             return self.target.time_verify([probe] * b)
+
+        if drafter is None:
+            t_verify = time_verify(max(sizes))
+            repeats = int(min(5, max(1, CALIBRATION_BUDGET_S // max(t_verify * sum(sizes) / max(sizes), 1e-9))))
+            curve = measure_cost_curve(time_verify, None, sizes=sizes, repeats=repeats)
+            self.target.reset()
+            return curve
 
         def time_draft(n: int, short: bool) -> float:
             self.drafter.short_blocks = short
@@ -214,7 +246,9 @@ def check_inputs(settings: EngineSettings, *, speculative: bool = True) -> tuple
     settings.validate()
     target_path = settings.target or default_target()
     target_header = check_target(target_path)
-    drafter_path = (settings.drafter or default_drafter(target_path)) if speculative else None
+    # the lookup source needs no drafter file: one is loaded only where it is given (-md)
+    wants_drafter = speculative and (settings.draft_source != "lookup" or settings.drafter is not None)
+    drafter_path = (settings.drafter or default_drafter(target_path)) if wants_drafter else None
     if drafter_path is not None:
         check_fits(check_drafter(drafter_path), target_header)
     return target_path, drafter_path
