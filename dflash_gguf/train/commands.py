@@ -26,11 +26,16 @@ def register(app: typer.Typer) -> None:
         harvest_minutes: Optional[float] = typer.Option(None, "--harvest-minutes",
                                                         help="stop harvesting after this long (resumable)"),
         parallel: int = typer.Option(8, "--parallel", help="sequences generated together while harvesting"),
+        harvest_processes: int = typer.Option(1, "--harvest-processes", help="harvest in N processes side by "
+                                              "side (with -t 1: faster than one N-threaded one on a busy CPU)"),
         rows: Optional[int] = typer.Option(None, "--rows", help="labelled block rows to train on (the schedule "
                                            "runs over them; default: --epochs over the data)"),
         epochs: float = typer.Option(2.0, "--epochs"),
         max_minutes: Optional[float] = typer.Option(None, "--max-minutes", help="stop training after this long "
                                                     "(resume later with --resume)"),
+        schedule_minutes: Optional[float] = typer.Option(None, "--schedule-minutes", help="a time-boxed run: "
+                                                         "warm-up and cosine over this many minutes of training, "
+                                                         "which then ends (instead of over --rows)"),
         lr: float = typer.Option(8e-4, "--lr"),
         distill: float = typer.Option(0.0, "--distill", help="share of the loss against the target's top-k "
                                       "probabilities kept at harvest time (0: hard labels only)"),
@@ -89,6 +94,8 @@ def register(app: typer.Typer) -> None:
         if markov_rank < 0:
             raise UserError(f"--markov-rank {markov_rank}: choose 0 (no Markov head) or a rank of at least 1 "
                             "(e.g. 64; a multiple of 32 keeps W1 in Q8_0)")
+        if harvest_processes < 1:
+            raise UserError(f"--harvest-processes {harvest_processes}: must be >= 1")
         if confidence_head and not markov_rank:
             raise UserError("--confidence-head reads the Markov head's W1: add --markov-rank R (e.g. 64)")
         from ..engine.session import require_native
@@ -162,8 +169,10 @@ def register(app: typer.Typer) -> None:
                                  supervised_slots=supervised_slots, short_blocks=short_blocks,
                                  markov_rank=markov_rank, confidence_head=confidence_head,
                                  max_seconds=max_minutes * 60 if max_minutes else None,
+                                 schedule_seconds=schedule_minutes * 60 if schedule_minutes else None,
                                  loss_vocab_extra=None if loss_vocab_extra < 0 else loss_vocab_extra)
         harvest_settings = HarvestSettings(taps=tap_ids, seed=seed, n_threads=threads, n_parallel=parallel,
+                                           processes=harvest_processes,
                                            n_gpu_layers=ngl, top_k_probs=0 if import_tokens else 8,
                                            feature_dtype=feature_dtype,
                                            chat_template=checked.template.text if checked.template else None)

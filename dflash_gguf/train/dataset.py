@@ -62,6 +62,10 @@ class FeatureDataset:
         self.index = index
         return len(index)
 
+    def n_rows(self) -> int:
+        """Token rows of the sequences in the index."""
+        return len(self.tokens)
+
     def features(self, start: int, stop: int) -> np.ndarray:
         """float32 features of dataset rows start..stop-1."""
         return fx.decode(self.feats[start:stop], self.feature_dtype)

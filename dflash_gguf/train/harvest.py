@@ -51,6 +51,7 @@ class HarvestSettings:
     n_gpu_layers: int = 0
     feature_dtype: str = "float16"        # float16 | bfloat16 | float32 (train/preflight.py picks it by range)
     chat_template: str | None = None      # jinja text for chat rows (None: textgen.chat.model_template's)
+    processes: int = 1                    # harvest_shards.py: processes side by side, n_threads each
 
 
 @dataclass

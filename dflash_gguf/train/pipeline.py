@@ -14,7 +14,7 @@ from ..convert.target_info import TargetInfo, read_target
 from ..drafter.config import DrafterConfig, official_target_layer_ids
 from ..errors import UserError
 from ..native.build import sha256_file as file_sha256
-from .harvest import HarvestSettings, harvest
+from .harvest import HarvestSettings
 from .trainer import Trainer, TrainSettings
 
 
@@ -144,14 +144,18 @@ def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, 
     target_sha = file_sha256(target)
     data_dir = data_dir or work_dir / "data"
     print(f"harvesting training data from {target.name} into {data_dir}", file=sys.stderr)
-    writer = harvest(target, prompts, data_dir, harvest_settings, max_tokens=max_tokens, max_seconds=harvest_seconds,
+    from .harvest_shards import harvest_in_processes  # noqa: PLC0415
+    before = FeatureDataset(data_dir).n_rows() if (data_dir / "index.jsonl").exists() else 0
+    writer = harvest_in_processes(target, prompts, data_dir, harvest_settings, harvest_settings.processes,
+                                  max_tokens=max_tokens, max_seconds=harvest_seconds,
             meta_extra={"target_sha256": target_sha, "prompts_sha256": prompts_sha256(prompts),
                         "chat_template": chat_template_source})
-    if writer.n_tokens_written:
-        print(f"harvested {writer.n_tokens_written:,} tokens ({writer.n_response_written:,} written by the target) in "
-              f"{writer.seconds:.0f} s: {writer.n_tokens_written / max(writer.seconds, 1e-9):.0f} tokens/s, "
-              f"{harvest_settings.n_parallel} sequences at a time", file=sys.stderr)
     data = FeatureDataset(data_dir)
+    new = data.n_rows() - before
+    if new:
+        print(f"harvested {new:,} tokens in {writer.seconds:.0f} s: {new / max(writer.seconds, 1e-9):.0f} tokens/s "
+              f"({harvest_settings.processes} process(es) × {harvest_settings.n_parallel} sequences at a time)",
+              file=sys.stderr)
     if data.taps != taps:
         raise UserError(f"{data_dir} was harvested for taps {data.taps}, not {taps}; use another --data-dir")
     trainer, vocab = build_trainer(target, data, train_settings, draft_vocab, init_drafter)
