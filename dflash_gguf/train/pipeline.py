@@ -115,6 +115,15 @@ def training_record(trainer: Trainer, result) -> dict:
             "val_slot_accept": result.slot_accept, "markov_rank": trainer.config.markov_rank}
 
 
+def drafter_name(target: Path, family: str) -> str:
+    """general.name of a trained drafter: its target's own name, if the target has one. llama.cpp's vocabulary
+    loader sets token attributes by model name (e.g. names with "phi3"), so the drafter's name never makes it
+    treat the shared vocabulary otherwise than the target's."""
+    from ..convert.target_info import read_gguf  # noqa: PLC0415
+    field = read_gguf(target, "target GGUF").fields.get("general.name")
+    return f"{field.contents()} {family} drafter" if field is not None else f"{family} drafter"
+
+
 def export(trainer: Trainer, target: Path, out: Path, record: dict, vocab=None, *, outtype: str = "q8_0",
            force: bool = True) -> None:
     """The drafter as a validated `dflash` GGUF, with the training record in its dflash_gguf.train.* keys."""
@@ -122,7 +131,7 @@ def export(trainer: Trainer, target: Path, out: Path, record: dict, vocab=None, 
     meta = {f"dflash_gguf.train.{k}": (json.dumps(v) if isinstance(v, (dict, list)) else v)
             for k, v in record.items() if v is not None}
     write_dflash_gguf(trainer.state_numpy(), trainer.config, target, out, outtype=outtype, extra_metadata=meta,
-                      force=force, name=f"{trainer.arch}-{trainer.config.family.lower()}-drafter",
+                      force=force, name=drafter_name(target, trainer.config.family),
                       source="trained drafter", draft_vocab=vocab)
 
 
