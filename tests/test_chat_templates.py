@@ -102,3 +102,19 @@ def _plain_template(tmp_path: Path) -> Path:
     f = tmp_path / "plain.jinja"
     f.write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}")
     return f
+
+
+def test_run_chat_takes_the_template_option_and_refuses_a_model_without_any(tmp_path, capsys):
+    from dflash_gguf.cli import main
+    from engine_helpers import write_tiny_llama
+
+    target = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=2, n_embd=64, text=True, seed=3)
+    argv = ["run", "-m", str(target), "--plain", "--chat", "-p", "t5 t9", "-n", "2", "-t", "1", "--json"]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert e.value.code == 2 and len(err) == 1 and "no chat template" in err[0], err
+    with pytest.raises(SystemExit) as e:
+        main(argv + ["--chat-template", str(_plain_template(tmp_path))])
+    captured = capsys.readouterr()
+    assert e.value.code == 0 and "chat template: file plain.jinja (--chat-template)" in captured.err and '"tokens"' in captured.out
