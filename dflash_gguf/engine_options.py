@@ -102,3 +102,9 @@ def _typer_option(option: EngineOption):
     if option.type == list[str]:
         return typer.Option([], *option.flags, help=help_text)
     return typer.Option(None, *option.flags, help=help_text)
+
+
+def chat_template_option():
+    """--chat-template NAME|FILE, one definition for run, serve, bench and train (textgen.chat.read_choice)."""
+    from .textgen.chat import CHAT_TEMPLATE_HELP  # noqa: PLC0415
+    return typer.Option(None, "--chat-template", help=CHAT_TEMPLATE_HELP)

@@ -2,7 +2,7 @@
 written by our converter: KV injection of context features at several positions (inject → draft → drop
 the block → inject more → draft at the following positions, as the engine does), non-causal block
 attention, a sliding-window layer (causal inside the block as in the official code: patches/0005),
-and YaRN RoPE with an embedding scale."""
+YaRN RoPE with an embedding scale, and the GeGLU + post-norm layers of drafters trained for Gemma."""
 
 from contextlib import ExitStack, closing
 
@@ -32,6 +32,8 @@ def _config(variant: str) -> DrafterConfig:
         "yarn-scaled": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
                                          "attention_factor": 1.3},
                         "embedding_scale": 2.0},
+        # what a drafter trained for Gemma 2/3 borrows (train/target_arch.py): √H embeddings, GeGLU, post norms
+        "gemma-style": {"embedding_scale": H ** 0.5, "hidden_act": "gelu", "post_norms": True},
     }[variant]
     return DrafterConfig(hidden_size=H, intermediate_size=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
                          target_layers=TAPS, block_size=len(BLOCK), mask_token_id=5, vocab_size=64, **extra)
@@ -70,7 +72,7 @@ def _torch_block_logits(model, target, feats, block, n_ctx) -> np.ndarray:
         return model.logits(h, head)[0].numpy()
 
 
-@pytest.mark.parametrize("variant", ["full-attention", "sliding-window", "yarn-scaled"])
+@pytest.mark.parametrize("variant", ["full-attention", "sliding-window", "yarn-scaled", "gemma-style"])
 def test_block_logits_match_torch_reference(tmp_path, variant):
     target = write_tiny_llama(tmp_path / "target.gguf", n_vocab=64, n_embd=H, n_layer=3, seed=4)
     config = _config(variant)

@@ -46,7 +46,8 @@ def test_few_steps_lower_loss_and_export_decodes_losslessly(tmp_path):
     from engine_helpers import write_tiny_llama
 
     target = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=4, n_embd=64, text=True, seed=3)
-    prompts = [{"category": "chat", "prompt": f"t{i % 29 + 3} t{(i * 7) % 29 + 3} t{(i * 3) % 29 + 3}"}
+    # completions: the tiny vocabulary has no chat template
+    prompts = [{"category": "chat", "format": "completion", "prompt": f"t{i % 29 + 3} t{(i * 7) % 29 + 3} t{(i * 3) % 29 + 3}"}
                for i in range(40)]
     settings = TrainSettings(n_layers=1, block_size=4, anchors_per_seq=16, seqs_per_step=2, epochs=3.0,
                              eval_every=10, lr=3e-3, warmup=0.1)

@@ -157,7 +157,8 @@ def test_harvest_multi_turn_topk_and_resume_on_a_tiny_target(tmp_path):
     from dflash_gguf.train.harvest import HarvestSettings, harvest
     from engine_helpers import write_tiny_llama
     target = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=4, n_embd=64, text=True, seed=3)
-    rows = [{"category": "chat", "prompt": f"t{i % 29 + 3} t{(i * 7) % 29 + 3}"} for i in range(12)]
+    rows = [{"category": "chat", "format": "completion", "prompt": f"t{i % 29 + 3} t{(i * 7) % 29 + 3}"}
+            for i in range(12)]                                   # completions: the tiny vocabulary has no template
     settings = HarvestSettings(taps=[1, 3], n_parallel=4, ctx_per_seq=128, max_new={"chat": 12}, n_threads=2,
                                sampled_fraction=0.5, top_k_probs=K)
     first = harvest(target, rows, tmp_path / "d", settings, max_tokens=60)

@@ -103,7 +103,8 @@ def test_the_train_command_with_a_markov_rank_writes_a_dspark_drafter(tmp_path):
     from engine_helpers import write_tiny_llama
     target = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=4, n_embd=64, text=True, seed=3)
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"category": "chat", "prompt": f"t{i % 29 + 3} t{i * 7 % 29 + 3}"}) + "\n"
+    prompts.write_text("".join(json.dumps({"category": "chat", "format": "completion",
+                                                           "prompt": f"t{i % 29 + 3} t{i * 7 % 29 + 3}"}) + "\n"
                                for i in range(16)))
     out = tmp_path / "dspark.gguf"
     res = CliRunner().invoke(app, [

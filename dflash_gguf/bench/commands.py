@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from ..engine_options import with_engine_options
+from ..engine_options import chat_template_option, with_engine_options
 from ..errors import UserError
 
 
@@ -36,6 +36,7 @@ def register(app: typer.Typer) -> None:
                                                  help="upstream binaries (default: <lib dir>/tools)"),
         json_out: Optional[Path] = typer.Option(None, "--json", help="write the full report here"),
         plot_out: Optional[Path] = typer.Option(None, "--plot", help="write a PNG here"),
+        chat_template: Optional[str] = chat_template_option(),
         engine_options: dict = None,
     ):
         """Plain vs our draft sources (DFlash, lookup, hybrid) vs upstream C++ DFlash and n-gram, interleaved
@@ -61,6 +62,8 @@ def register(app: typer.Typer) -> None:
         if limit is not None and limit < 1:
             raise UserError(f"--limit {limit}: must be >= 1")
         rows = read_rows(prompts, limit)
+        from ..textgen.chat import read_choice
+        template_choice = read_choice(chat_template)
         settings = EngineSettings.from_env(target=model, drafter=draft, **engine_options)
         threads = settings.n_threads or os.cpu_count() or 1         # upstream baselines get the same count
         settings = replace(settings, n_threads=threads, draft_source="hybrid")   # the drafter loaded for every arm
@@ -69,7 +72,7 @@ def register(app: typer.Typer) -> None:
         require_native(settings)
         engine = Engine(settings)
         try:
-            bench_prompts = prepare(rows, engine)
+            bench_prompts = prepare(rows, engine, template_choice)
             start = engine.measure_cost_curve()
             up = UpstreamSettings(tools_dir or default_tools_dir(), engine.drafter_model.path, engine.draft_max,
                                   threads, ctx_size, n_gpu_layers)

@@ -49,15 +49,28 @@ def read_rows(files: list[Path], limit: int | None) -> list[dict]:
     return rows
 
 
-def prepare(rows: list[dict], engine) -> list[BenchPrompt]:
-    from ..textgen.chat import render_model_chat  # noqa: PLC0415
+def prepare(rows: list[dict], engine, chat_template: str | None = None) -> list[BenchPrompt]:
+    """Chat categories through the model's template (textgen.chat.model_template, or --chat-template); a model
+    with none and no built-in that fits reads them raw, as before templates had a fallback."""
+    import sys  # noqa: PLC0415
+
+    from ..textgen.chat import ChatTemplateError, model_template, render_model_chat  # noqa: PLC0415
     model = engine.target_model
-    template = model.chat_template()
+    try:
+        chosen = model_template(model, chat_template)
+        template = chosen.text
+        if not chosen.is_models_own:
+            print(f"chat template: {chosen.source}", file=sys.stderr)
+    except ChatTemplateError as e:
+        if chat_template:
+            raise
+        print(f"note: {e}; chat prompts are read raw", file=sys.stderr)
+        template = None
     out = []
     for row in rows:
         text = row["prompt"]
         if template is not None and row["category"] not in RAW_CATEGORIES:
-            text = render_model_chat(model, [{"role": "user", "content": text}])
+            text = render_model_chat(model, [{"role": "user", "content": text}], template=template)
             tokens = model.tokenize(text, add_special=False)
         else:
             tokens = model.tokenize(text, add_special=True)

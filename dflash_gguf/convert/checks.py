@@ -86,6 +86,8 @@ def expected_shapes(c: DrafterConfig, n_vocab: int | None = None) -> dict[str, t
                  p + "self_attn.q_norm.weight": (c.head_dim,), p + "self_attn.k_norm.weight": (c.head_dim,),
                  p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
                  p + "mlp.down_proj.weight": (H, I)}
+        if c.post_norms:
+            want |= {p + "attn_post_norm.weight": (H,), p + "ffn_post_norm.weight": (H,)}
     return want | family_shapes(c, n_vocab or c.vocab_size)
 
 

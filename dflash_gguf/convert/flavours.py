@@ -120,9 +120,6 @@ def normalize_gguf(path: Path, flavour: Flavour, target: TargetInfo | None,
         return f.contents() if f is not None else default
 
     notes = [f"flavour: {flavour.name} (written by {flavour.written_by})"]
-    act = get("hidden_activation", "silu")
-    if act != "silu":
-        raise UserError(f"{path}: hidden activation '{act}' is not supported (DFlash v1 drafters use SwiGLU/silu)")
     n_layers, n_embd, n_head = int(get("block_count")), int(get("embedding_length")), int(get("attention.head_count"))
     head_dim = int(get("attention.key_length", n_embd // n_head))
     ids = _first(r, flavour.target_layer_keys)
@@ -185,6 +182,7 @@ def normalize_gguf(path: Path, flavour: Flavour, target: TargetInfo | None,
             vocab_size=target.n_vocab if target else 0,
             rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(get("rope.freq_base", 10000.0)), **extra)
+        config.post_norms = any(n.endswith(".post_ffw_norm.weight") for n in by_name)
         if "markov_w1.weight" in by_name:
             config.markov_rank = int(by_name["markov_w1.weight"].shape[0])
             config.confidence_head = "conf_proj.weight" in by_name

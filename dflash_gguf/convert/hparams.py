@@ -26,6 +26,7 @@ FAMILY_KEYS = {
     "selector_rank": "selector_rank",
     "selector_top_k": "selector_top_k",
 }
+HIDDEN_ACT = "hidden_activation"               # silu (absent) | gelu: llama.cpp's dflash loader reads both
 SAMPLE_FROM_ANCHOR = "sample_from_anchor"       # DSpark: bool, absent = true upstream
 # z-lab is_causal (bool, absent = None): llama.cpp reads it into hparams.causal_attn; with it false, patches/0005
 # leaves the sliding layers non-causal too
@@ -97,6 +98,8 @@ def write_hparams(w, arch: str, c: DrafterConfig) -> None:
             w.add_uint32(f"{arch}.{suffix}", int(value))
     if c.sample_from_anchor is not None:
         w.add_bool(f"{arch}.{SAMPLE_FROM_ANCHOR}", bool(c.sample_from_anchor))
+    if c.hidden_act != "silu":
+        w.add_string(f"{arch}.{HIDDEN_ACT}", c.hidden_act)
 
 
 def read_hparams(get: Callable[[str], Any], n_layers: int, head_dim: int, where: str) -> tuple[dict, list[str]]:
@@ -109,6 +112,11 @@ def read_hparams(get: Callable[[str], Any], n_layers: int, head_dim: int, where:
     kwargs: dict[str, Any] = {field: (float(get(suffix)) if get(suffix) is not None else None)
                               for field, suffix in SCALAR_KEYS.items()}
     kwargs |= {field: int(get(suffix)) for field, suffix in FAMILY_KEYS.items() if get(suffix) is not None}
+    act = get(HIDDEN_ACT)
+    if act is not None:
+        if str(act) not in ("silu", "gelu", "gelu_pytorch_tanh"):
+            raise UserError(f"{where}: hidden activation '{act}' is not supported (silu or gelu)")
+        kwargs["hidden_act"] = "silu" if str(act) == "silu" else "gelu"
     anchor = get(SAMPLE_FROM_ANCHOR)
     if anchor is not None:
         kwargs["sample_from_anchor"] = str(anchor).lower() == "true"

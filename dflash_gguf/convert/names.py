@@ -33,6 +33,9 @@ LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    # sublayer output norms (Gemma-style targets' layers; not in z-lab checkpoints)
+    "attn_post_norm.weight": "post_attention_norm.weight",
+    "ffn_post_norm.weight": "post_ffw_norm.weight",
     # DFlash2 dynamic convolutions (the base kernels have no ".weight" upstream either)
     "attention_conv.base_kernel": "attn_conv_base",
     "attention_conv.kernel_projection.weight": "attn_conv_proj.weight",

@@ -28,6 +28,8 @@ class DrafterConfig:
     embedding_scale: float | None = None        # block embeddings × this (z-lab input_embedding_scale)
     logit_scale: float | None = None            # logits × this (z-lab output_multiplier)
     final_logit_softcapping: float | None = None
+    hidden_act: str = "silu"                    # MLP gate activation: silu (SwiGLU) | gelu (GeGLU, tanh form)
+    post_norms: bool = False                    # RMSNorm on the attention and MLP outputs (Gemma 2/3 layers)
     # z-lab is_causal: None (absent) = sliding layers causal inside the block, full-attention layers not;
     # False = every layer non-causal (DFlash2 ships so); True = every layer causal (llama.cpp cannot draft so)
     is_causal: bool | None = None
@@ -47,6 +49,8 @@ class DrafterConfig:
             raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.n_layers} layers")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.hidden_act not in ("silu", "gelu"):
+            raise ValueError(f"hidden_act {self.hidden_act!r}: llama.cpp's dflash graph runs silu or gelu")
         if self.layer_types and "sliding_attention" in self.layer_types and not self.sliding_window:
             raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
 

@@ -107,9 +107,11 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        # ggml_gelu is the tanh form (llama.cpp LLM_FFN_GELU, as Gemma's gelu_pytorch_tanh)
+        self.act = F.silu if c.hidden_act == "silu" else lambda t: F.gelu(t, approximate="tanh")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -119,10 +121,13 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_eps)
         self.mlp = MLP(c)
+        # Gemma 2/3 layers normalise each sublayer's output too (llama.cpp attn_post_norm / ffn_post_norm)
+        self.attn_post_norm = RMSNorm(c.hidden_size, c.rms_eps) if c.post_norms else nn.Identity()
+        self.ffn_post_norm = RMSNorm(c.hidden_size, c.rms_eps) if c.post_norms else nn.Identity()
 
     def forward(self, x, g, block_pos, ctx_pos, mask):
-        x = x + self.self_attn(self.input_layernorm(x), g, block_pos, ctx_pos, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.attn_post_norm(self.self_attn(self.input_layernorm(x), g, block_pos, ctx_pos, mask))
+        return x + self.ffn_post_norm(self.mlp(self.post_attention_layernorm(x)))
 
 
 class DFlashDrafter(nn.Module):

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from ..engine_options import with_engine_options
+from ..engine_options import chat_template_option, with_engine_options
 from ..errors import UserError
 
 DEMO_PROMPT = "Write a Python function that returns the n-th prime number, with a docstring and two examples."
@@ -36,6 +36,7 @@ def register(app: typer.Typer) -> None:
                                                help="also run plain decoding and report the speedup"),
         plain: bool = typer.Option(False, "--plain", help="plain decoding only (no drafter)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
+        chat_template: Optional[str] = chat_template_option(),
         engine_options: dict = None,
     ):
         """Generate with DFlash speculative decoding (lossless); without -m/-md runs the embedded default."""
@@ -53,12 +54,14 @@ def register(app: typer.Typer) -> None:
         if demo:
             prompt, chat = DEMO_PROMPT, True
             compare = True if compare is None else compare
+        from ..textgen.chat import read_choice
+        template_choice = read_choice(chat_template)
         settings = EngineSettings.from_env(target=model, drafter=draft, **engine_options)
         check_inputs(settings, speculative=not plain)
         require_native(settings)
         engine = Engine(settings, speculative=not plain)
         try:
-            tokens = _prompt_tokens(engine, prompt, chat, think)
+            tokens = _prompt_tokens(engine, prompt, chat, think, template_choice)
             if len(tokens) + 1 > settings.n_ctx:
                 raise UserError(f"-c {settings.n_ctx}: the prompt alone is {len(tokens)} tokens; "
                                 f"pass -c {len(tokens) + n_predict} or more (prompt + -n)")
@@ -92,16 +95,20 @@ def check_sampling_options(n_predict: int, temp: float, top_k: int, top_p: float
     return SamplingParams(temp, top_k, top_p, min_p, seed)
 
 
-def _prompt_tokens(engine, prompt: str, chat: bool, think: bool | None) -> list[int]:
+def _prompt_tokens(engine, prompt: str, chat: bool, think: bool | None, template_choice=None) -> list[int]:
     model = engine.target_model
     if not chat:
         return model.tokenize(prompt, add_special=True)
-    from ..textgen.chat import render_model_chat, supports_thinking
-    if think is not None and not supports_thinking(model.chat_template()):
+    from ..textgen.chat import model_template, render_model_chat, supports_thinking
+    template = model_template(model, template_choice)
+    if not template.is_models_own:
+        print(f"chat template: {template.source}", file=sys.stderr)
+    if think is not None and not supports_thinking(template.text):
         print(f"note: {model.path.name}'s chat template has no thinking switch; --think/--no-think ignored",
               file=sys.stderr)
         think = None
-    text = render_model_chat(model, [{"role": "user", "content": prompt}], enable_thinking=think)
+    text = render_model_chat(model, [{"role": "user", "content": prompt}], template=template.text,
+                             enable_thinking=think)
     return model.tokenize(text, add_special=False)
 
 

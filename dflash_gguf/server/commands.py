@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from ..engine_options import with_engine_options
+from ..engine_options import chat_template_option, with_engine_options
 from ..errors import RunFailure, SetupError, UserError
 
 
@@ -29,8 +29,7 @@ def register(app: typer.Typer) -> None:
                                               help="require `Authorization: Bearer KEY` on /v1/*"),
         alias: Optional[str] = typer.Option(None, "--alias", help="model id reported by /v1/models"),
         cors_origin: list[str] = typer.Option(["*"], "--cors-origin", help="allowed browser origin (repeatable)"),
-        chat_template: Optional[Path] = typer.Option(None, "--chat-template",
-                                                     help="Jinja chat template file (default: the model's own)"),
+        chat_template: Optional[str] = chat_template_option(),
         max_tokens: Optional[int] = typer.Option(None, "--max-tokens",
                                                  help="default max_tokens when a request sets none "
                                                       "(default: until the context is full)"),
@@ -49,11 +48,9 @@ def register(app: typer.Typer) -> None:
         from .worker import EngineWorker
 
         target, drafter = _pick_models(model, draft, plain)
-        template = None
-        if chat_template is not None:
-            if not chat_template.is_file():
-                raise UserError(f"--chat-template {chat_template}: no such file")
-            template = chat_template.read_text(encoding="utf-8", errors="replace")
+        from ..textgen.chat import read_choice
+        choice = read_choice(chat_template)
+        template = choice.text if choice else None
         settings = EngineSettings.from_env(target=target, drafter=drafter, **engine_options)
         if max_tokens is not None and max_tokens < 1:
             raise UserError(f"--max-tokens {max_tokens}: must be >= 1")

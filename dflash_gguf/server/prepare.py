@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from ..engine.text import TextStream
-from ..textgen.chat import render_model_chat, supports_thinking
+from ..textgen.chat import ChatTemplateError, model_template, render_model_chat, supports_thinking
 from .chat_output import THINK_OPEN, OutputSplitter
 from .protocol import BadRequest, ChatRequest, CompletionRequest, Generation
 from .worker import Job
@@ -14,10 +14,10 @@ from .worker import Job
 def chat_job(engine, req: ChatRequest, template_override: str | None,
              loop: asyncio.AbstractEventLoop) -> tuple[Job, OutputSplitter]:
     m = engine.target_model
-    template = template_override or m.chat_template()
-    if not template:
-        raise BadRequest(f"{m.path.name} has no chat template: use /v1/completions with a raw prompt, or start "
-                         "the server with --chat-template FILE.jinja", "messages", "no_chat_template")
+    try:
+        template = template_override or model_template(m).text
+    except ChatTemplateError as e:
+        raise BadRequest(f"{e}; or use /v1/completions with a raw prompt", "messages", "no_chat_template") from None
     if req.tools and "tools" not in template:
         raise BadRequest(f"{m.path.name}'s chat template has no tool support, so the tools would be ignored; "
                          "remove `tools` or serve a model whose template renders them", "tools", "unsupported_value")

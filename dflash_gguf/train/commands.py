@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
+from ..engine_options import chat_template_option
 from ..errors import UserError
-
 
 
 def register(app: typer.Typer) -> None:
@@ -26,11 +26,16 @@ def register(app: typer.Typer) -> None:
         harvest_minutes: Optional[float] = typer.Option(None, "--harvest-minutes",
                                                         help="stop harvesting after this long (resumable)"),
         parallel: int = typer.Option(8, "--parallel", help="sequences generated together while harvesting"),
+        harvest_processes: int = typer.Option(1, "--harvest-processes", help="harvest in N processes side by "
+                                              "side (with -t 1: faster than one N-threaded one on a busy CPU)"),
         rows: Optional[int] = typer.Option(None, "--rows", help="labelled block rows to train on (the schedule "
                                            "runs over them; default: --epochs over the data)"),
         epochs: float = typer.Option(2.0, "--epochs"),
         max_minutes: Optional[float] = typer.Option(None, "--max-minutes", help="stop training after this long "
                                                     "(resume later with --resume)"),
+        schedule_minutes: Optional[float] = typer.Option(None, "--schedule-minutes", help="a time-boxed run: "
+                                                         "warm-up and cosine over this many minutes of training, "
+                                                         "which then ends (instead of over --rows)"),
         lr: float = typer.Option(8e-4, "--lr"),
         distill: float = typer.Option(0.0, "--distill", help="share of the loss against the target's top-k "
                                       "probabilities kept at harvest time (0: hard labels only)"),
@@ -74,6 +79,7 @@ def register(app: typer.Typer) -> None:
         init_drafter: Optional[Path] = typer.Option(None, "--init-drafter", help="start from this drafter GGUF's "
                                                     "weights (e.g. trained on a GPU) and keep training"),
         threads: int = typer.Option(0, "-t", "--threads", help="CPU threads for harvest and training (0: all)"),
+        chat_template: Optional[str] = chat_template_option(),
         force: bool = typer.Option(False, "--force"),
     ):
         """Generate training data with the target itself, train the drafter, export a validated GGUF."""
@@ -88,6 +94,8 @@ def register(app: typer.Typer) -> None:
         if markov_rank < 0:
             raise UserError(f"--markov-rank {markov_rank}: choose 0 (no Markov head) or a rank of at least 1 "
                             "(e.g. 64; a multiple of 32 keeps W1 in Q8_0)")
+        if harvest_processes < 1:
+            raise UserError(f"--harvest-processes {harvest_processes}: must be >= 1")
         if confidence_head and not markov_rank:
             raise UserError("--confidence-head reads the Markov head's W1: add --markov-rank R (e.g. 64)")
         from ..engine.session import require_native
@@ -123,41 +131,59 @@ def register(app: typer.Typer) -> None:
         if resume is not None and not (resume / "checkpoint" / "ckpt.pt").is_file():
             raise UserError(f"--resume {resume}: no checkpoint there (expected {resume}/checkpoint/ckpt.pt)")
         try:
-            n_target_layers = read_target(model).n_layer
+            target_info = read_target(model)
+        except UserError:
+            raise
         except Exception as e:  # noqa: BLE001 - any parse failure means the same thing to the user
             raise UserError(f"-m {model}: not a readable GGUF target ({type(e).__name__}: {e})") from None
-        tap_ids = parse_taps(taps, n_target_layers)
+        tap_ids = parse_taps(taps, target_info.n_layer)
+        from ..textgen.chat import read_choice
+        template_choice = read_choice(chat_template)
         data = data_dir or dataset_dir(sha256_file(model), prompts_sha256(rows_in), seed)
         if init_drafter is not None and not init_drafter.is_file():
             raise UserError(f"--init-drafter {init_drafter}: no such file")
         if import_tokens is not None:
             if not import_tokens.is_file():
                 raise UserError(f"--import-tokens {import_tokens}: no such file")
-            from .refeature import import_tokens as rebuild
             data = data.with_name(data.name + "-imported")
-            rebuild(import_tokens, model, data, n_threads=threads)
         work = resume or work_dir or cache_root() / "train" / f"{out.stem}-{data.name}"
+        if out.exists() and not force:
+            raise UserError(f"{out} exists; pass --force to overwrite it")
+        from .preflight import dataset_feature_dtype, run_checks
+        ngl = n_gpu_layers if n_gpu_layers is not None else (999 if device == "cuda" else 0)
+        checked = run_checks(model, target_info, rows_in, tap_ids, n_layers=layers, block_size=block_size,
+                             draft_vocab=draft_vocab, chat_template=template_choice, data_dir=data,
+                             max_tokens=tokens or None, top_k_probs=0 if import_tokens else 8,
+                             n_threads=threads, n_gpu_layers=ngl)
+        feature_dtype = dataset_feature_dtype(data, checked.feature_dtype)
+        if import_tokens is not None:
+            from .refeature import import_tokens as rebuild
+            rebuild(import_tokens, model, data, n_threads=threads, feature_dtype=feature_dtype)
         if loss_vocab_extra is None:
             loss_vocab_extra = 2048 if device == "cpu" else -1
         if threads:
             torch.set_num_threads(threads)
-        ngl = n_gpu_layers if n_gpu_layers is not None else (999 if device == "cuda" else 0)
         settings = TrainSettings(n_layers=layers, block_size=block_size, epochs=epochs, rows=rows, lr=lr,
                                  device=device, seed=seed, precision=precision, distill=distill,
                                  tv=tv, cut_at_first_error=cut_at_first_error,
                                  supervised_slots=supervised_slots, short_blocks=short_blocks,
                                  markov_rank=markov_rank, confidence_head=confidence_head,
                                  max_seconds=max_minutes * 60 if max_minutes else None,
+                                 schedule_seconds=schedule_minutes * 60 if schedule_minutes else None,
                                  loss_vocab_extra=None if loss_vocab_extra < 0 else loss_vocab_extra)
         harvest_settings = HarvestSettings(taps=tap_ids, seed=seed, n_threads=threads, n_parallel=parallel,
-                                           n_gpu_layers=ngl, top_k_probs=0 if import_tokens else 8)
+                                           processes=harvest_processes,
+                                           n_gpu_layers=ngl, top_k_probs=0 if import_tokens else 8,
+                                           feature_dtype=feature_dtype,
+                                           chat_template=checked.template.text if checked.template else None)
         record = train_drafter(model, out, rows_in, work, taps=tap_ids, harvest_settings=harvest_settings,
                                train_settings=settings, max_tokens=tokens or None, outtype=outtype,
                                resume=resume is not None, force=force,
                                data_note=", ".join(str(p) for p in (prompts or [DEFAULT_PROMPTS])),
                                draft_vocab=draft_vocab, data_dir=data,
                                harvest_seconds=harvest_minutes * 60 if harvest_minutes else None,
-                               init_drafter=init_drafter)
+                               init_drafter=init_drafter,
+                               chat_template_source=checked.template.source if checked.template else None)
         typer.echo(f"{out}: validation τ estimate {record['val_tau_estimate']:.2f} "
                    f"(slot acceptance {', '.join(f'{x:.2f}' for x in record['val_slot_accept'])}); "
                    f"{record['labelled_rows']:,} labelled rows at {record['rows_per_second']:.0f} rows/s "

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import features as fx
+
 
 @dataclass
 class PackedBlocks:
@@ -22,7 +24,7 @@ class PackedBlocks:
     block_pos: np.ndarray         # [S] positions a..a+B-1
     labels: np.ndarray            # [S] target token per row (-100 on anchor rows)
     slot: np.ndarray              # [S] 0..B-1
-    ctx_feats: np.ndarray         # [C, k*H] float16 features of positions 0..C-1
+    ctx_feats: np.ndarray         # [C, k*H] float32 features of positions 0..C-1
     mask: np.ndarray              # [S, C+S] bool: True = may attend
     teacher_ids: np.ndarray | None = None     # [S, K] the target's top-K for each row's label (-1: none)
     teacher_p: np.ndarray | None = None       # [S, K] their probabilities
@@ -39,6 +41,7 @@ class FeatureDataset:
         self.meta = json.loads((root / "meta.json").read_text())
         self.taps = self.meta["taps"]
         self.top_k = int(self.meta.get("top_k_probs", 0))
+        self.feature_dtype = self.meta.get("feature_dtype", "float16")
         self.refresh()
 
     def refresh(self) -> int:
@@ -49,15 +52,23 @@ class FeatureDataset:
         width = len(self.taps) * self.meta["n_embd"]
         self.tokens = np.memmap(self.root / "tokens.bin", dtype=np.int32, mode="r", shape=(n,))
         feats = self.root / "feats.bin"
-        if not feats.exists() or feats.stat().st_size < n * width * 2:
+        if not feats.exists() or feats.stat().st_size < n * width * fx.BYTES[self.feature_dtype]:
             raise ValueError(f"{self.root}: features missing for some sequences; recompute them "
                              "(dflash_gguf.train.refeature) or harvest with features")
-        self.feats = np.memmap(feats, dtype=np.float16, mode="r", shape=(n, width))
+        self.feats = np.memmap(feats, dtype=fx.storage_dtype(self.feature_dtype), mode="r", shape=(n, width))
         if self.top_k:
             self.topk_ids = np.memmap(self.root / "topk_ids.bin", dtype=np.int32, mode="r", shape=(n, self.top_k))
             self.topk_p = np.memmap(self.root / "topk_p.bin", dtype=np.float16, mode="r", shape=(n, self.top_k))
         self.index = index
         return len(index)
+
+    def n_rows(self) -> int:
+        """Token rows of the sequences in the index."""
+        return len(self.tokens)
+
+    def features(self, start: int, stop: int) -> np.ndarray:
+        """float32 features of dataset rows start..stop-1."""
+        return fx.decode(self.feats[start:stop], self.feature_dtype)
 
     def written_tokens(self, ids: list[int] | None = None) -> np.ndarray:
         """The target-written tokens of the given sequences (all by default), concatenated."""
@@ -131,5 +142,5 @@ class FeatureDataset:
         if self.top_k:                                   # the distribution of the token at p was kept at p - 1
             teacher_ids = np.asarray(self.topk_ids[off + inside - 1])
             teacher_p = np.asarray(self.topk_p[off + inside - 1], dtype=np.float32)
-        return PackedBlocks(block_tokens, pos, labels, slot, np.asarray(self.feats[off:off + C]), mask,
+        return PackedBlocks(block_tokens, pos, labels, slot, self.features(off, off + C), mask,
                             teacher_ids, teacher_p)

@@ -7,12 +7,15 @@ A row may carry `followups`: further user turns, answered in the same sequence (
 
 Layout of a dataset folder (append-only; a harvest resumes where it stopped):
   tokens.bin   int32 [N]             all sequences back to back (prompt + responses)
-  feats.bin    float16 [N, k*H]      features of each position (the row of the last token is zero); optional
+  feats.bin    [N, k*H]              features of each position (the row of the last token is zero); optional;
+                                     float16, or bfloat16 where the target's hidden states exceed float16
+                                     (meta "feature_dtype"; features.py)
   topk_ids.bin int32 [N, K]          the target's K most likely next tokens after each position (-1: none)
   topk_p.bin   float16 [N, K]        their probabilities (T = 1)
   index.jsonl  one row per sequence {prompt_index, offset, length, spans, category, source, sampled}
                spans: [start, end) ranges of target-written tokens
-  meta.json    target (name, sha256), prompt set sha256, seed, taps, n_embd, settings
+  meta.json    target (name, sha256), prompt set sha256, seed, taps, n_embd, feature_dtype, settings
+  ranges.json  [min, max] of each tap's stored features
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import numpy as np
 
 from ..engine.sampling import SamplingParams, pick
 from ..textgen.prompting import format_prompt, is_completion, next_turn_tokens
+from . import features as fx
 
 
 @dataclass
@@ -45,6 +49,9 @@ class HarvestSettings:
     store_features: bool = True
     top_k_probs: int = 8                  # 0: keep no probabilities
     n_gpu_layers: int = 0
+    feature_dtype: str = "float16"        # float16 | bfloat16 | float32 (train/preflight.py picks it by range)
+    chat_template: str | None = None      # jinja text for chat rows (None: textgen.chat.model_template's)
+    processes: int = 1                    # harvest_shards.py: processes side by side, n_threads each
 
 
 @dataclass
@@ -67,20 +74,22 @@ class DatasetWriter:
     """Appends sequences to a dataset folder; refuses a folder made for another target, prompt set or taps.
     Several harvest processes (shards) may append to one folder: each sequence is written under a file lock."""
 
-    KEYS = ("target_sha256", "prompts_sha256", "seed", "taps", "store_features", "top_k_probs")
+    KEYS = ("target_sha256", "prompts_sha256", "seed", "taps", "store_features", "top_k_probs", "feature_dtype")
 
     def __init__(self, out: Path, meta: dict):
         out.mkdir(parents=True, exist_ok=True)
         self.out = out
         meta_path = out / "meta.json"
+        meta = {"feature_dtype": "float16"} | meta
         if meta_path.exists():
-            old = json.loads(meta_path.read_text())
+            old = {"feature_dtype": "float16"} | json.loads(meta_path.read_text())
             diff = [k for k in self.KEYS if old.get(k) != meta.get(k)]
             if diff:
                 raise ValueError(f"{out} holds data made with other {', '.join(diff)}; use another folder")
         else:
             meta_path.write_text(json.dumps(meta, indent=2))
         self.meta = meta
+        self.feature_dtype = meta["feature_dtype"]
         self.index = out / "index.jsonl"
         with self._locked():
             rows = self._rows()
@@ -93,7 +102,7 @@ class DatasetWriter:
     def _truncate_tails(self) -> None:
         """Drop bytes past the last indexed sequence (a harvest killed between two appends)."""
         width = {"tokens.bin": 4, "topk_ids.bin": 4 * self.meta["top_k_probs"], "topk_p.bin": 2 * self.meta["top_k_probs"],
-                 "feats.bin": 2 * len(self.meta["taps"]) * self.meta["n_embd"]}
+                 "feats.bin": fx.BYTES[self.feature_dtype] * len(self.meta["taps"]) * self.meta["n_embd"]}
         for name, w in width.items():
             path = self.out / name
             if path.exists() and path.stat().st_size > self.offset * w:
@@ -125,9 +134,19 @@ class DatasetWriter:
         n = len(tokens)
         if (feats is None) == bool(self.meta["store_features"]) or (topk_ids is None) == bool(self.meta["top_k_probs"]):
             raise ValueError("features / top-k probabilities do not match what this dataset keeps")
+        stored = None
+        if feats is not None:
+            try:
+                stored = fx.encode(feats, self.feature_dtype)
+            except fx.NonFiniteFeatures as e:
+                from ..errors import RunFailure  # noqa: PLC0415
+                raise RunFailure(f"{self.out}: {e} (sequence of prompt {prompt_index}); nothing of it was stored: "
+                                 "check the target file, or harvest with another feature dtype") from None
         with self._locked():
+            if stored is not None:
+                fx.merge_ranges(self.out / "ranges.json", fx.tap_ranges(feats, len(self.meta["taps"])))
             self.offset = (self.out / "tokens.bin").stat().st_size // 4 if (self.out / "tokens.bin").exists() else 0
-            self._write(tokens, spans, row, prompt_index, sampled, feats, topk_ids, topk_p)
+            self._write(tokens, spans, row, prompt_index, sampled, stored, topk_ids, topk_p)
         self.done.add(prompt_index)
         self.n_tokens_written += n
         self.n_response_written += sum(e - s for s, e in spans)
@@ -137,7 +156,7 @@ class DatasetWriter:
         self._append("tokens.bin", np.asarray(tokens, dtype=np.int32))
         if feats is not None:
             assert feats.shape[0] == n
-            self._append("feats.bin", feats.astype(np.float16))
+            self._append("feats.bin", feats)
         if topk_ids is not None:
             assert topk_ids.shape[0] == n and topk_p.shape[0] == n
             self._append("topk_ids.bin", topk_ids.astype(np.int32))
@@ -174,7 +193,8 @@ def harvest(target_path: Path, prompts: list[dict], out: Path, settings: Harvest
     model = Model(target_path, n_gpu_layers=settings.n_gpu_layers)
     meta = {"target": target_path.name, "target_arch": model.arch, "taps": list(settings.taps),
             "n_embd": model.n_embd, "seed": settings.seed, "store_features": settings.store_features,
-            "top_k_probs": settings.top_k_probs, "settings": asdict(settings)} | (meta_extra or {})
+            "top_k_probs": settings.top_k_probs, "feature_dtype": settings.feature_dtype,
+            "settings": asdict(settings) | {"chat_template": None}} | (meta_extra or {})
     writer = DatasetWriter(out, meta)
     n_par, K = settings.n_parallel, settings.top_k_probs
     ctx = Context(model, ContextSettings(n_ctx=n_par * settings.ctx_per_seq, n_batch=512, n_ubatch=512,
@@ -213,7 +233,7 @@ def harvest(target_path: Path, prompts: list[dict], out: Path, settings: Harvest
     def start(seq: int) -> None:
         while queue:
             index, row = queue.pop()
-            toks = format_prompt(model, row)
+            toks = format_prompt(model, row, settings.chat_template)
             if not 4 <= len(toks) <= min(768, settings.ctx_per_seq // 2):
                 continue
             rng = np.random.default_rng([settings.seed, index])
@@ -238,7 +258,7 @@ def harvest(target_path: Path, prompts: list[dict], out: Path, settings: Harvest
             messages.append({"role": "assistant", "content": model.detokenize(slot.tokens[s:e - 1])})
             messages.append({"role": "user", "content": slot.row["followups"][i] if i < len(slot.row["followups"])
                              else ""})
-        turn = next_turn_tokens(model, messages, slot.tokens[-1])
+        turn = next_turn_tokens(model, messages, slot.tokens[-1], settings.chat_template)
         follow = slot.followups.pop(0)
         if not turn or not follow or len(slot.tokens) + len(turn) + 64 > settings.ctx_per_seq:
             return False

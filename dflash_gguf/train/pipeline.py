@@ -14,7 +14,7 @@ from ..convert.target_info import TargetInfo, read_target
 from ..drafter.config import DrafterConfig, official_target_layer_ids
 from ..errors import UserError
 from ..native.build import sha256_file as file_sha256
-from .harvest import HarvestSettings, harvest
+from .harvest import HarvestSettings
 from .trainer import Trainer, TrainSettings
 
 
@@ -37,12 +37,17 @@ def parse_taps(spec: str, n_target_layers: int) -> list[int]:
 
 
 def drafter_config(target: TargetInfo, taps: list[int], n_layers: int, block_size: int) -> DrafterConfig:
-    """Same attention/MLP geometry as the target's layers, so draft layers can start as target layers."""
+    """Same attention/MLP geometry as the target's layers, so draft layers can start as target layers, and the
+    target's embedding scale, activation and norms (target_arch.py)."""
+    from .target_arch import traits  # noqa: PLC0415
+    arch = traits(target.arch, target.n_embd)
     return DrafterConfig(hidden_size=target.n_embd, intermediate_size=target.n_ff, n_layers=n_layers,
                          n_heads=target.n_head, n_kv_heads=target.n_head_kv, head_dim=target.head_dim,
                          target_layers=taps, block_size=block_size, mask_token_id=target.mask_token,
                          vocab_size=target.n_vocab, rms_eps=target.rms_eps,
-                         rope_theta=target.rope_theta if target.rope_theta is not None else 10000.0)
+                         rope_theta=target.rope_theta if target.rope_theta is not None else 10000.0,
+                         embedding_scale=arch.embedding_scale, hidden_act=arch.hidden_act,
+                         post_norms=arch.post_norms)
 
 
 def prompts_sha256(prompts: list[dict]) -> str:
@@ -110,6 +115,15 @@ def training_record(trainer: Trainer, result) -> dict:
             "val_slot_accept": result.slot_accept, "markov_rank": trainer.config.markov_rank}
 
 
+def drafter_name(target: Path, family: str) -> str:
+    """general.name of a trained drafter: its target's own name, if the target has one. llama.cpp's vocabulary
+    loader sets token attributes by model name (e.g. names with "phi3"), so the drafter's name never makes it
+    treat the shared vocabulary otherwise than the target's."""
+    from ..convert.target_info import read_gguf  # noqa: PLC0415
+    field = read_gguf(target, "target GGUF").fields.get("general.name")
+    return f"{field.contents()} {family} drafter" if field is not None else f"{family} drafter"
+
+
 def export(trainer: Trainer, target: Path, out: Path, record: dict, vocab=None, *, outtype: str = "q8_0",
            force: bool = True) -> None:
     """The drafter as a validated `dflash` GGUF, with the training record in its dflash_gguf.train.* keys."""
@@ -117,7 +131,7 @@ def export(trainer: Trainer, target: Path, out: Path, record: dict, vocab=None, 
     meta = {f"dflash_gguf.train.{k}": (json.dumps(v) if isinstance(v, (dict, list)) else v)
             for k, v in record.items() if v is not None}
     write_dflash_gguf(trainer.state_numpy(), trainer.config, target, out, outtype=outtype, extra_metadata=meta,
-                      force=force, name=f"{trainer.arch}-{trainer.config.family.lower()}-drafter",
+                      force=force, name=drafter_name(target, trainer.config.family),
                       source="trained drafter", draft_vocab=vocab)
 
 
@@ -126,7 +140,7 @@ def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, 
                   outtype: str = "q8_0", resume: bool = False, force: bool = False, data_note: str = "",
                   progress: bool = True, draft_vocab: int | None = None, data_dir: Path | None = None,
                   harvest_seconds: float | None = None, init_drafter: Path | None = None,
-                  snapshots: tuple[int, ...] = (), on_snapshot=None) -> dict:
+                  snapshots: tuple[int, ...] = (), on_snapshot=None, chat_template_source: str | None = None) -> dict:
     """Harvest (resuming what `data_dir` holds), train (resuming the checkpoint in `work_dir` if `resume`),
     export. The draft vocabulary, when asked for, is counted on the harvested data before training, and
     the loss is taken over exactly those tokens, as the drafter will propose them. At each of `snapshots`
@@ -139,9 +153,18 @@ def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, 
     target_sha = file_sha256(target)
     data_dir = data_dir or work_dir / "data"
     print(f"harvesting training data from {target.name} into {data_dir}", file=sys.stderr)
-    harvest(target, prompts, data_dir, harvest_settings, max_tokens=max_tokens, max_seconds=harvest_seconds,
-            meta_extra={"target_sha256": target_sha, "prompts_sha256": prompts_sha256(prompts)})
+    from .harvest_shards import harvest_in_processes  # noqa: PLC0415
+    before = FeatureDataset(data_dir).n_rows() if (data_dir / "index.jsonl").exists() else 0
+    writer = harvest_in_processes(target, prompts, data_dir, harvest_settings, harvest_settings.processes,
+                                  max_tokens=max_tokens, max_seconds=harvest_seconds,
+            meta_extra={"target_sha256": target_sha, "prompts_sha256": prompts_sha256(prompts),
+                        "chat_template": chat_template_source})
     data = FeatureDataset(data_dir)
+    new = data.n_rows() - before
+    if new:
+        print(f"harvested {new:,} tokens in {writer.seconds:.0f} s: {new / max(writer.seconds, 1e-9):.0f} tokens/s "
+              f"({harvest_settings.processes} process(es) × {harvest_settings.n_parallel} sequences at a time)",
+              file=sys.stderr)
     if data.taps != taps:
         raise UserError(f"{data_dir} was harvested for taps {data.taps}, not {taps}; use another --data-dir")
     trainer, vocab = build_trainer(target, data, train_settings, draft_vocab, init_drafter)
@@ -158,7 +181,8 @@ def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, 
     result = trainer.train(ckpt_dir, progress=progress)
     train_ids, val_ids = data.split()
     record = {"target": target.name, "target_sha256": target_sha, "taps": taps,
-              "train_settings": asdict(train_settings), "harvest_settings": asdict(harvest_settings),
+              "train_settings": asdict(train_settings),
+              "harvest_settings": asdict(harvest_settings) | {"chat_template": chat_template_source},
               "dataset": data_dir.name, "sequences": len(data.index), "train_sequences": len(train_ids),
               "val_sequences": len(val_ids), "response_tokens": data.n_tokens(train_ids),
               **training_record(trainer, result),

@@ -29,7 +29,8 @@ def export_tokens(data_dir: Path, out: Path) -> Path:
     return out
 
 
-def import_tokens(npz: Path, target: Path, out_dir: Path, n_threads: int = 0, n_gpu_layers: int = 0) -> DatasetWriter:
+def import_tokens(npz: Path, target: Path, out_dir: Path, n_threads: int = 0, n_gpu_layers: int = 0,
+                  feature_dtype: str = "float16") -> DatasetWriter:
     """Rebuild a full dataset (features by prefill, no top-k) from export_tokens' file; resumable."""
     from ..native.wrappers import Batch, Context, ContextSettings, Model  # noqa: PLC0415
     from ..textgen.greedy import prefill_features  # noqa: PLC0415
@@ -37,7 +38,8 @@ def import_tokens(npz: Path, target: Path, out_dir: Path, n_threads: int = 0, n_
     tokens = z["tokens"].astype(np.int32)
     rows = [json.loads(x) for x in str(z["index"]).splitlines() if x.strip()]
     meta = json.loads(str(z["meta"])) | {"store_features": True, "top_k_probs": 0,
-                                          "features": "recomputed by a batched prefill"}
+                                          "features": "recomputed by a batched prefill",
+                                          "feature_dtype": feature_dtype}
     writer = DatasetWriter(out_dir, meta)
     model = Model(target, n_gpu_layers=n_gpu_layers)
     longest = max((r["length"] for r in rows), default=1)

@@ -9,8 +9,6 @@ import numpy as np
 
 from ..convert.names import LAYER_NAMES
 
-# llama.cpp stores q/k of these architectures permuted for GPT-J style RoPE; the drafter uses NeoX style
-_PERMUTED_QK = {"llama", "mistral", "granite"}
 
 
 def _reader(path: Path):
@@ -43,16 +41,20 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 def layer_init(target: Path, first_layer: int, n_layers: int) -> dict[str, np.ndarray]:
     """z-lab-named tensors for draft layers 0..n_layers-1 copied from target layers first_layer.. ."""
     from ..convert.target_info import read_target  # noqa: PLC0415
+    from .target_arch import traits  # noqa: PLC0415
     r, t = _reader(target), read_target(target)
-    arch, n_head, n_head_kv, n_layer = t.arch, t.n_head, t.n_head_kv, t.n_layer
+    n_head, n_head_kv, n_layer = t.n_head, t.n_head_kv, t.n_layer
+    arch = traits(t.arch, t.n_embd)
     out = {}
     for i in range(n_layers):
         src = min(first_layer + i, n_layer - 1)
+        found = {gguf_suffix: _tensor(r, f"blk.{src}.{gguf_suffix}") for gguf_suffix in LAYER_NAMES.values()}
+        found |= _split_fused(r, src, arch, t)
         for hf_suffix, gguf_suffix in LAYER_NAMES.items():
-            arr = _tensor(r, f"blk.{src}.{gguf_suffix}")
+            arr = found.get(gguf_suffix)
             if arr is None:
                 continue
-            if arch in _PERMUTED_QK and gguf_suffix in ("attn_q.weight", "attn_k.weight"):
+            if arch.permuted_qk and gguf_suffix in ("attn_q.weight", "attn_k.weight"):
                 arr = _unpermute(arr, n_head if gguf_suffix == "attn_q.weight" else n_head_kv)
             out[f"layers.{i}.{hf_suffix}"] = arr
     norm = _tensor(r, "output_norm.weight")
@@ -60,3 +62,16 @@ def layer_init(target: Path, first_layer: int, n_layers: int) -> dict[str, np.nd
         out["norm.weight"] = norm
     return out
 
+
+
+def _split_fused(r, layer: int, arch, t) -> dict[str, np.ndarray]:
+    """q/k/v and gate/up of targets that store them fused (phi3), under the unfused GGUF names."""
+    out = {}
+    qkv = _tensor(r, f"blk.{layer}.attn_qkv.weight") if arch.fused_qkv else None
+    if qkv is not None:
+        q, kv = t.n_head * t.head_dim, t.n_head_kv * t.head_dim
+        out |= {"attn_q.weight": qkv[:q], "attn_k.weight": qkv[q:q + kv], "attn_v.weight": qkv[q + kv:q + 2 * kv]}
+    up = _tensor(r, f"blk.{layer}.ffn_up.weight") if arch.fused_gate_up else None
+    if up is not None and up.shape[0] == 2 * t.n_ff:
+        out |= {"ffn_gate.weight": up[:t.n_ff], "ffn_up.weight": up[t.n_ff:]}
+    return out

@@ -321,8 +321,11 @@ class Trainer:
                     if len(out) == 4:         # its own parameters only (detached inputs; Adam: no weight needed)
                         loss = loss + self.confidence_loss(out[3], out[0], out[1], pb)
                     loss = loss / self.s.seqs_per_step
+                value = loss.item()
+                if not math.isfinite(value):
+                    self._stop_non_finite(value, out_dir)
                 loss.backward()
-                total += loss.item()
+                total += value
                 rows += int((pb.slot > 0).sum())
             torch.nn.utils.clip_grad_norm_(self._drafter_parameters(), self.s.grad_clip)
             self.opt.step()
@@ -347,6 +350,16 @@ class Trainer:
         bar.close()
         self.save(out_dir)
         return self.evaluate() if last_eval is None or self.history[-1].get("val_tau") is None else last_eval
+
+    def _stop_non_finite(self, value: float, out_dir: Path) -> None:
+        """One clear line instead of training on: a NaN/inf loss never recovers, and the weights of the last
+        finite step are kept in the checkpoint."""
+        from ..errors import RunFailure  # noqa: PLC0415
+        self.save(out_dir)
+        ranges = self.data.root / "ranges.json"
+        raise RunFailure(f"training stopped: the loss is {value} at step {self.step + 1} ({self.rows_seen:,} rows "
+                         f"in); the last finite weights are in {out_dir} (--resume). Tap ranges of the data: "
+                         f"{ranges if ranges.exists() else 'not recorded'}; try --precision fp32 or a lower --lr")
 
     def _order(self):
         while True:

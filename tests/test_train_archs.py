@@ -1,0 +1,94 @@
+"""Every supported target architecture trains: a tiny random target of each (dense, MoE, fused Phi-3, Gemma 2/3
+with their embedding scale, GeGLU and post norms, a gated-delta-net hybrid) is harvested, trains a few hundred
+rows, exports a drafter that llama.cpp loads (convert's load check), and speculative greedy output equals plain
+decoding with it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from arch_helpers import ARCHS, E, write_tiny_target
+
+pytest.importorskip("torch")
+TAPS = [1, 3]
+PROMPTS = [{"category": "code", "format": "completion", "prompt": f"t{i % 29 + 3} t{(i * 7) % 29 + 3} t{(i * 3) % 29 + 3}"}
+           for i in range(12)]
+
+
+def _target(arch, tmp_path):
+    if arch == "qwen35-hybrid":
+        pytest.importorskip("transformers")
+        from engine_helpers import tiny_hybrid_qwen35
+        return tiny_hybrid_qwen35()
+    return write_tiny_target(tmp_path / f"{arch}.gguf", arch, seed=3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", [*ARCHS, "qwen35-hybrid"])
+def test_a_tiny_target_of_each_architecture_trains_exports_and_decodes_losslessly(arch, tmp_path):
+    from dflash_gguf.convert.target_info import read_target
+    from dflash_gguf.engine.drafter import DFlashDrafter
+    from dflash_gguf.engine.loop import SpecDecoder
+    from dflash_gguf.engine.policy import DraftLengthPolicy
+    from dflash_gguf.engine.target import Target
+    from dflash_gguf.native.wrappers import ContextSettings, Model
+    from dflash_gguf.train.harvest import HarvestSettings
+    from dflash_gguf.train.pipeline import train_drafter
+    from dflash_gguf.train.preflight import check_shape
+    from dflash_gguf.train.trainer import TrainSettings
+
+    target = _target(arch, tmp_path)
+    info = read_target(target)
+    check_shape(info, TAPS, 1, 4, None)
+    out = tmp_path / "draft.gguf"
+    record = train_drafter(target, out, PROMPTS, tmp_path / "work", taps=TAPS,
+                           harvest_settings=HarvestSettings(taps=TAPS, n_parallel=4, ctx_per_seq=128,
+                                                            max_new={"code": 40}, n_threads=1),
+                           train_settings=TrainSettings(n_layers=1, block_size=4, rows=300, eval_every=50,
+                                                        eval_seqs=4, lr=3e-3),
+                           max_tokens=None, outtype="f32", progress=False)
+    assert record["labelled_rows"] >= 300 and math.isfinite(record["val_loss"])
+
+    tm, dm = Model(target), Model(out)
+    gemma = info.arch.startswith("gemma")
+    # what the drafter borrows from the target is in the file llama.cpp's dflash graph reads (target_arch.py)
+    assert (dm.meta("dflash.hidden_activation") or "silu") == ("gelu" if gemma else "silu")
+    scale = dm.meta("dflash.embedding_scale")
+    assert (float(scale) == pytest.approx(E ** 0.5)) if gemma else scale is None
+    cs = ContextSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+    tgt = Target(tm, cs, taps=TAPS, max_verify=4)
+    spec = SpecDecoder(tgt, DFlashDrafter(dm, tgt.ctx, cs, tm), DraftLengthPolicy(3, adaptive=False))
+    plain = SpecDecoder(tgt, None, DraftLengthPolicy(1, adaptive=False))
+    for text in ("t5 t9 t11", "t21 t4"):
+        prompt = tm.tokenize(text, add_special=True)
+        ref = plain.generate(prompt, 40, stop_tokens=lambda t: False)
+        assert spec.generate(prompt, 40, stop_tokens=lambda t: False).tokens == ref.tokens
+
+
+def test_layers_start_as_the_targets_own_with_fused_tensors_split_and_qk_unpermuted(tmp_path):
+    """A draft layer starts as the target's layer after the deepest tap, in the drafter's layout."""
+    import gguf
+    import numpy as np
+
+    from dflash_gguf.train.target_weights import layer_init
+
+    def tensor(path, name):
+        t = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == name)
+        return np.array(t.data).reshape([int(x) for x in reversed(t.shape)])
+
+    phi3 = write_tiny_target(tmp_path / "phi3.gguf", "phi3")
+    got = layer_init(phi3, 3, 1)
+    qkv, up = tensor(phi3, "blk.3.attn_qkv.weight"), tensor(phi3, "blk.3.ffn_up.weight")
+    np.testing.assert_array_equal(np.concatenate([got["layers.0.self_attn.q_proj.weight"],
+                                                  got["layers.0.self_attn.k_proj.weight"],
+                                                  got["layers.0.self_attn.v_proj.weight"]]), qkv)
+    np.testing.assert_array_equal(np.concatenate([got["layers.0.mlp.gate_proj.weight"],
+                                                  got["layers.0.mlp.up_proj.weight"]]), up)
+    gemma = write_tiny_target(tmp_path / "gemma3.gguf", "gemma3")
+    got = layer_init(gemma, 3, 1)
+    assert {"layers.0.attn_post_norm.weight", "layers.0.ffn_post_norm.weight"} <= set(got)
+    llama = write_tiny_target(tmp_path / "llama.gguf", "llama")
+    q = tensor(llama, "blk.3.attn_q.weight")
+    assert not np.array_equal(layer_init(llama, 3, 1)["layers.0.self_attn.q_proj.weight"], q)   # unpermuted
