@@ -41,6 +41,7 @@ class Target:
         self.n_batch = settings.n_batch
         self.batch = Batch(model.native, max(settings.n_batch, max_verify + 1))
         self.n_past = 0                  # positions held in the KV cache
+        self.tokens: list[int] = []      # the token at each held position (a prompt cache compares against it)
         self._checkpoint: bytes | None = None
         self._kept_rows: TapRows | None = None   # features of the rows a verify keeps, reused every step
         self._max_rows = max_verify + 1
@@ -58,6 +59,18 @@ class Target:
     def reset(self) -> None:
         self.ctx.clear()
         self.n_past = 0
+        self.tokens = []
+
+    def truncate(self, n: int) -> bool:
+        """Keep positions 0..n-1 (a prefix to reuse); False, with nothing changed, where the memory cannot
+        (recurrent state only rolls back within a verify: it keeps its whole sequence or nothing)."""
+        if n >= self.n_past:
+            return n == self.n_past
+        if self.recurrent or not self.ctx.seq_rm(n, -1):
+            return False
+        self.n_past = n
+        del self.tokens[n:]
+        return True
 
     def check_fits(self, n_prompt: int, n_new: int = 1) -> None:
         if n_prompt + n_new > self.n_ctx:
@@ -75,6 +88,7 @@ class Target:
             if sink is not None and self.ctx.taps:
                 sink(self.ctx.get_taps(0, len(chunk)), self.n_past)
             self.n_past += len(chunk)
+            self.tokens.extend(chunk)
         return np.array(self.ctx.logits(-1))
 
     def decode_rows(self, tokens: Sequence[int]) -> np.ndarray:
@@ -88,6 +102,7 @@ class Target:
         self.batch.set_tokens(tokens, self.n_past, "all")
         self.ctx.decode(self.batch, "verify")
         self.n_past += len(tokens)
+        self.tokens.extend(tokens)
         return self.ctx.logits_all(len(tokens))
 
     def time_verify(self, tokens: Sequence[int], clock: Callable[[], float] = time.perf_counter) -> float:
@@ -117,15 +132,18 @@ class Target:
             if not self.ctx.seq_rm(start, -1):
                 raise RuntimeError(f"{self.model.path.name}: cannot remove positions >= {start} after restore")
             self.n_past = start
+            del self.tokens[start:]
             if replay:
                 self.batch.set_tokens(replay, start, "none")
                 self.ctx.decode(self.batch, "rollback replay")
                 self.n_past += len(replay)
+                self.tokens.extend(replay)
             return
         if not self.ctx.seq_rm(start + n_keep, -1):
             raise RuntimeError(f"{self.model.path.name}: the memory refused to roll back {n_decoded - n_keep} "
                                f"positions (rollback mode {self.rollback_mode.kind})")
         self.n_past = start + n_keep
+        del self.tokens[self.n_past:]
 
     def close(self) -> None:
         self.batch.close()

@@ -11,10 +11,15 @@ from .protocol import BadRequest, ChatRequest, CompletionRequest, Generation
 from .worker import Job
 
 
+def served_template(engine, template_override: str | None) -> str | None:
+    """The chat template requests are rendered with (GET /props reports it)."""
+    return template_override or engine.target_model.chat_template()
+
+
 def chat_job(engine, req: ChatRequest, template_override: str | None,
              loop: asyncio.AbstractEventLoop) -> tuple[Job, OutputSplitter]:
     m = engine.target_model
-    template = template_override or m.chat_template()
+    template = served_template(engine, template_override)
     if not template:
         raise BadRequest(f"{m.path.name} has no chat template: use /v1/completions with a raw prompt, or start "
                          "the server with --chat-template FILE.jinja", "messages", "no_chat_template")
@@ -60,4 +65,5 @@ def _job(engine, tokens: list[int], req: Generation, param: str, loop) -> Job:
         req.sampling.validate()
     except ValueError as e:
         raise BadRequest(str(e), None, "invalid_value") from e
-    return Job(tokens, max_tokens, req.sampling, TextStream(engine.target_model.token_bytes, req.stop), loop)
+    return Job(tokens, max_tokens, req.sampling, TextStream(engine.target_model.token_bytes, req.stop), loop,
+               cache_prompt=req.cache_prompt)

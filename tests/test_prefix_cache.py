@@ -1,0 +1,141 @@
+"""Reusing the held sequence (engine/prefix.py): a generation that continues a cached prefix gives exactly what a
+cold start gives (greedy, and T>0 with the same seed), after a cut-short generation too; snapshots restore both
+target and drafter; a hybrid target reuses its whole sequence or nothing."""
+
+import pytest
+
+from dflash_gguf.engine.sampling import SamplingParams
+from dflash_gguf.settings import EngineSettings
+from engine_helpers import write_random_drafter, write_tiny_llama
+
+GREEDY = SamplingParams(temperature=0.0)
+HOT = SamplingParams(temperature=0.8, top_k=20, seed=3)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from dflash_gguf.engine.session import Engine
+    d = tmp_path_factory.mktemp("prefix")
+    target = write_tiny_llama(d / "t.gguf", text=True, n_layer=3)
+    drafter = write_random_drafter(target, d / "d.gguf", taps=[1, 2, 3], block_size=8, n_head=4, n_head_kv=2,
+                                   head_dim=16, n_ff=64)
+    eng = Engine(EngineSettings(target=target, drafter=drafter, n_ctx=512, n_threads=1, adaptive=False, draft_max=3))
+    eng.spec.debug_check_positions = True          # target and drafter hold the same positions after every step
+    yield eng
+    eng.close()
+
+
+def cold(engine, prompt, n, sampling=GREEDY, speculative=True):
+    engine.forget()
+    return engine.generate(prompt, n, sampling, speculative=speculative).tokens
+
+
+def warm(engine, prompt, n, sampling=GREEDY, speculative=True):
+    k = engine.keep_prefix(prompt, speculative=speculative)
+    res = engine.generate(prompt, n, sampling, n_cached=k, speculative=speculative)
+    assert res.n_cached == k
+    return k, res.tokens
+
+
+def prompt_of(*ids):
+    return [1] + [3 + (i % 28) for i in ids]
+
+
+# T > 0: the plain decoder draws one random number per token from the target's distribution, so the same seed
+# gives the same tokens exactly when the reused prefix leaves the target's distributions as a cold start has them.
+# With a drafter the draws also depend on the drafts; verification keeps the target's distribution whatever the
+# drafter proposes (tests/test_verify.py), so that path needs no check of its own here.
+@pytest.mark.parametrize("sampling,speculative", [(GREEDY, True), (GREEDY, False), (HOT, False)],
+                         ids=["greedy", "greedy-plain", "T0.8-seeded-plain"])
+def test_next_turn_reuses_the_conversation_and_matches_a_cold_start(engine, sampling, speculative):
+    first = prompt_of(*range(40))
+    answer = cold(engine, first, 24, sampling, speculative)
+    second = first + answer + prompt_of(7, 9, 11)[1:]
+    expected = cold(engine, second, 24, sampling, speculative)
+    engine.forget()
+    engine.generate(first, 24, sampling, speculative=speculative)       # the held sequence of turn 1 again
+    k, tokens = warm(engine, second, 24, sampling, speculative)
+    assert k >= len(first) and tokens == expected
+
+
+def test_a_shorter_common_prefix_is_cut_back(engine):
+    base = prompt_of(*range(60))
+    engine.forget()
+    engine.generate(base, 16, GREEDY)
+    edited = base[:30] + prompt_of(5, 5, 5)[1:]          # an edited message: only the first 30 tokens stay
+    k, tokens = warm(engine, edited, 16)
+    assert k == 30 and engine.target.n_past >= 30
+    assert tokens == cold(engine, edited, 16)
+
+
+def test_the_same_prompt_again_decodes_its_last_token(engine):
+    p = prompt_of(*range(20))
+    expected = cold(engine, p, 12)
+    k, tokens = warm(engine, p, 12)
+    assert k == len(p) - 1 and tokens == expected
+
+
+def test_a_generation_cut_short_leaves_a_reusable_cache(engine):
+    p = prompt_of(*range(30))
+    engine.forget()
+    seen = []
+    engine.generate(p, 200, GREEDY, lambda new: seen.extend(new) or len(seen) < 10)   # the client leaves
+    follow = p + seen + prompt_of(2, 4)[1:]
+    k, tokens = warm(engine, follow, 16)
+    assert k > len(p) and tokens == cold(engine, follow, 16)
+
+
+def test_snapshot_restores_target_and_drafter(engine):
+    a = prompt_of(*range(50))
+    engine.forget()
+    answer = engine.generate(a, 20, GREEDY).tokens
+    snap = engine.snapshot()
+    assert snap.tokens == engine.held_tokens and snap.drafter is not None
+    cold(engine, prompt_of(*range(100, 140)), 20)        # another conversation takes the contexts
+    engine.restore(snap)
+    follow = a + answer + prompt_of(1, 2, 3)[1:]
+    k, tokens = warm(engine, follow, 20)
+    assert k >= len(a) and tokens == cold(engine, follow, 20)
+
+
+def test_plain_decoding_leaves_the_drafter_behind_so_nothing_is_reused(engine):
+    p = prompt_of(*range(25))
+    engine.forget()
+    engine.generate(p, 8, GREEDY, speculative=False)
+    assert engine.keep_prefix(p + [5, 6]) == 0
+
+
+def test_token_probs_reread_the_target_and_keep_the_cache_consistent(engine):
+    p = prompt_of(*range(30))
+    engine.forget()
+    res = engine.generate(p, 12, GREEDY)
+    probs = engine.token_probs(len(p), res.tokens, 3)
+    assert [x.token for x in probs] == res.tokens
+    assert all(x.top[0][0] == x.token and x.logprob == x.top[0][1] <= 0 for x in probs)   # greedy: the argmax
+    assert engine.held_tokens == p + res.tokens[:-1]
+    follow = p + res.tokens + [7]
+    k, tokens = warm(engine, follow, 10)
+    assert k == len(p) + len(res.tokens) - 1 and tokens == cold(engine, follow, 10)
+
+
+def test_hybrid_target_reuses_its_whole_sequence_only(tmp_path):
+    from dflash_gguf.engine.session import Engine
+    from engine_helpers import tiny_hybrid_qwen35
+    pytest.importorskip("transformers")
+    target = tiny_hybrid_qwen35()
+    drafter = write_random_drafter(target, tmp_path / "d.gguf", taps=[1, 3], block_size=8, n_head=4, n_head_kv=2,
+                                   head_dim=16, n_ff=64)
+    eng = Engine(EngineSettings(target=target, drafter=drafter, n_ctx=256, n_threads=1, adaptive=False, draft_max=3))
+    try:
+        p = [1] + list(range(300, 340))
+        answer = cold(eng, p, 12)
+        follow = p + answer + [400, 401]
+        expected = cold(eng, follow, 12)
+        eng.forget()
+        eng.generate(p, 12, GREEDY)
+        n_held = len(eng.held_tokens)
+        k, tokens = warm(eng, follow, 12)
+        assert k == n_held >= len(p) and tokens == expected
+        assert eng.keep_prefix(p[:20] + [500]) == 0                # a shorter prefix: recurrent state cannot
+    finally:
+        eng.close()
