@@ -5,6 +5,7 @@ target and drafter; a hybrid target reuses its whole sequence or nothing."""
 import pytest
 
 from dflash_gguf.engine.sampling import SamplingParams
+from dflash_gguf.engine.target import WIDE_ROWS
 from dflash_gguf.settings import EngineSettings
 from engine_helpers import write_random_drafter, write_tiny_llama
 
@@ -48,23 +49,35 @@ def prompt_of(*ids):
 @pytest.mark.parametrize("sampling,speculative", [(GREEDY, True), (GREEDY, False), (HOT, False)],
                          ids=["greedy", "greedy-plain", "T0.8-seeded-plain"])
 def test_next_turn_reuses_the_conversation_and_matches_a_cold_start(engine, sampling, speculative):
-    first = prompt_of(*range(40))
+    first = prompt_of(*range(150))
     answer = cold(engine, first, 24, sampling, speculative)
     second = first + answer + prompt_of(7, 9, 11)[1:]
     expected = cold(engine, second, 24, sampling, speculative)
     engine.forget()
     engine.generate(first, 24, sampling, speculative=speculative)       # the held sequence of turn 1 again
+    assert engine.widen() > 0                                           # what the server does once it answered
     k, tokens = warm(engine, second, 24, sampling, speculative)
-    assert k >= len(first) and tokens == expected
+    assert k == len(second) - WIDE_ROWS and tokens == expected          # one wide ubatch is decoded again
+
+
+def test_narrow_positions_are_not_reused_where_a_prefill_decodes_them_wide(engine):
+    first = prompt_of(*range(150))
+    engine.forget()
+    answer = engine.generate(first, 24, GREEDY).tokens
+    assert not any(engine.target.wide[len(first):])                     # generated in verify batches
+    second = first + answer + [4, 5, 6]
+    k, tokens = warm(engine, second, 24)
+    assert k <= len(first) and tokens == cold(engine, second, 24)
 
 
 def test_a_shorter_common_prefix_is_cut_back(engine):
-    base = prompt_of(*range(60))
+    base = prompt_of(*range(200))
     engine.forget()
     engine.generate(base, 16, GREEDY)
-    edited = base[:30] + prompt_of(5, 5, 5)[1:]          # an edited message: only the first 30 tokens stay
+    engine.widen()
+    edited = base[:150] + prompt_of(5, 5, 5)[1:]         # an edited message: only the first 150 tokens stay
     k, tokens = warm(engine, edited, 16)
-    assert k == 30 and engine.target.n_past >= 30
+    assert k == len(edited) - WIDE_ROWS
     assert tokens == cold(engine, edited, 16)
 
 
@@ -86,16 +99,17 @@ def test_a_generation_cut_short_leaves_a_reusable_cache(engine):
 
 
 def test_snapshot_restores_target_and_drafter(engine):
-    a = prompt_of(*range(50))
+    a = prompt_of(*range(120))
     engine.forget()
     answer = engine.generate(a, 20, GREEDY).tokens
+    engine.widen()
     snap = engine.snapshot()
     assert snap.tokens == engine.held_tokens and snap.drafter is not None
     cold(engine, prompt_of(*range(100, 140)), 20)        # another conversation takes the contexts
     engine.restore(snap)
     follow = a + answer + prompt_of(1, 2, 3)[1:]
     k, tokens = warm(engine, follow, 20)
-    assert k >= len(a) and tokens == cold(engine, follow, 20)
+    assert k == len(follow) - WIDE_ROWS and tokens == cold(engine, follow, 20)
 
 
 def test_plain_decoding_leaves_the_drafter_behind_so_nothing_is_reused(engine):
@@ -137,5 +151,35 @@ def test_hybrid_target_reuses_its_whole_sequence_only(tmp_path):
         k, tokens = warm(eng, follow, 12)
         assert k == n_held >= len(p) and tokens == expected
         assert eng.keep_prefix(p[:20] + [500]) == 0                # a shorter prefix: recurrent state cannot
+    finally:
+        eng.close()
+
+
+def test_embedded_default_reuses_bit_exactly():
+    """SmolLM2-135M Q4_1 (the embedded default): the last logits of a reused prefix + prefilled rest are the bits of a
+    cold prefill, after a generation whose tokens were decoded narrow and then widened (engine/prefix.py)."""
+    import numpy as np
+
+    from dflash_gguf.engine.session import Engine
+    eng = Engine(EngineSettings(n_ctx=1024, n_threads=1, n_batch=256))
+    try:
+        m = eng.target_model
+        prompt = m.tokenize("Write a short story about a lighthouse keeper and a storm. " * 12)
+        answer = eng.generate(prompt, 80, GREEDY).tokens
+        eng.widen()
+        follow = prompt + answer + m.tokenize(" Now tell it again, shorter.", add_special=False)
+        k = eng.keep_prefix(follow)
+        assert len(follow) - WIDE_ROWS - 256 <= k < len(follow)
+        warm_logits = eng.target.prefill(follow[k:], None)
+        eng.forget()
+        cold_logits = eng.target.prefill(follow, None)
+        assert np.array_equal(warm_logits, cold_logits)
+        eng.forget()
+        expected = eng.generate(follow, 24, GREEDY).tokens
+        eng.forget()
+        eng.generate(prompt, 80, GREEDY)
+        eng.widen()
+        res = eng.generate(follow, 24, GREEDY, n_cached=eng.keep_prefix(follow))
+        assert res.n_cached == k and res.tokens == expected
     finally:
         eng.close()

@@ -171,6 +171,15 @@ class Engine:
             return 0
         return prefix.keep_prefix(self.target, drafter, prompt)
 
+    def widen(self) -> int:
+        """Re-decode the last generation's positions as a prefill would (engine/prefix.py), so that the next turn
+        reuses them exactly; returns how many were decoded again. Run it while idle, after the answer is out."""
+        try:
+            return prefix.widen(self.target, self.drafter if self._drafter_in_step else None)
+        except BaseException:
+            self.forget()
+            raise
+
     def snapshot(self) -> prefix.SequenceSnapshot:
         return prefix.snapshot(self.target, self.drafter if self._drafter_in_step else None)
 

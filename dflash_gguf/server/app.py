@@ -100,18 +100,22 @@ def create_app(worker: EngineWorker, config: ServerConfig):
         except (ValueError, UnicodeDecodeError) as e:
             raise protocol.BadRequest(f"malformed JSON body: {e}", None, "invalid_json") from e
 
-    async def run(request, job, splitter, meta, req, body, stream):
+    async def respond(request, job, splitter, events, final):
+        """Submit the job; stream `events` (SSE lines), or once it is done answer `final(result)`."""
         worker.submit(job)
-        if req.stream:
-            return StreamingResponse(stream(request, job, splitter, meta, req.include_usage),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        if events is not None:
+            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         result, exc = await collect(request, job, splitter)
         if exc is not None:
             status, err = failure(exc)
             return JSONResponse(err, status_code=status)
         if result is None:
             return error(499, "client closed the request", code="client_closed")
-        return body(meta, splitter, result)
+        return final(result)
+
+    async def run(request, job, splitter, meta, req, body, stream):
+        events = stream(request, job, splitter, meta, req.include_usage) if req.stream else None
+        return await respond(request, job, splitter, events, lambda result: body(meta, splitter, result))
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -133,7 +137,7 @@ def create_app(worker: EngineWorker, config: ServerConfig):
         splitter = OutputSplitter(parse_reasoning=False)
         return await run(request, job, splitter, Meta(config.model_id, "text"), req, text_body, text_stream)
 
-    llama_api.register(app, worker, config, read_json, not_ready, error)
+    llama_api.register(app, worker, config, read_json, not_ready, error, respond)
     return app
 
 

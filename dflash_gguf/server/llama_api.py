@@ -18,15 +18,13 @@ from .chat_output import OutputSplitter
 from .llama_protocol import DEFAULTS, NativeCompletion, parse_completion, parse_detokenize, parse_tokenize
 from .prepare import completion_job, served_template
 from .protocol import BadRequest, CompletionRequest
-from .responses import DraftCounts, collect, failure, job_events, sse
+from .responses import DraftCounts, failure, job_events, sse
 from .worker import Job, timings
 
 SLOT_ACTIONS = ("save", "restore", "erase")
 
 
-def register(app, worker, config, read_json, not_ready, error) -> None:
-    from fastapi.responses import JSONResponse, StreamingResponse  # noqa: PLC0415
-
+def register(app, worker, config, read_json, not_ready, error, respond) -> None:
     def engine():
         return worker.engine
 
@@ -108,19 +106,10 @@ def register(app, worker, config, read_json, not_ready, error) -> None:
         oai = CompletionRequest(req.stream, False, req.sampling, req.n_predict, req.stop, req.cache_prompt, req.prompt)
         job = await asyncio.to_thread(completion_job, e, oai, asyncio.get_running_loop())
         job.n_probs = req.n_probs
-        worker.submit(job)
         native = NativeReply(config.model_id, req, job, e)
-        if req.stream:
-            return StreamingResponse(native.stream(request), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
         splitter = OutputSplitter(parse_reasoning=False)
-        result, exc = await collect(request, job, splitter)
-        if exc is not None:
-            status, err = failure(exc)
-            return JSONResponse(err, status_code=status)
-        if result is None:
-            return error(499, "client closed the request", code="client_closed")
-        return native.final(result, splitter.content)
+        return await respond(request, job, splitter, native.stream(request) if req.stream else None,
+                             lambda result: native.final(result, splitter.content))
 
 
 class NativeReply:

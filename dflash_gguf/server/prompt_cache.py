@@ -31,7 +31,7 @@ from typing import Sequence
 from ..engine.prefix import SequenceSnapshot, common_prefix
 from ..errors import UserError
 
-MAGIC = b"DFLASHSLOT1\n"
+MAGIC = b"DFLASHSLOT2\n"
 # a conversation is parked in RAM before a request replaces most of it (llama-server's --cache-ram-similarity)
 PARK_BELOW = 0.5
 
@@ -75,12 +75,11 @@ class PromptCache:
             self._park_if_replaced(held, lcp)
             return 0
         best_id, best = self._best_saved(prompt)
-        if best > lcp:
-            self._park_if_replaced(held, lcp)
-            self.engine.restore(self.saved.pop(best_id))
+        chosen = self.saved.pop(best_id) if best > lcp else None    # before parking can evict it
+        self._park_if_replaced(held, lcp)
+        if chosen is not None:
+            self.engine.restore(chosen)
             self.n_restored += 1
-        else:
-            self._park_if_replaced(held, lcp)
         return self.engine.keep_prefix(prompt)
 
     def _best_saved(self, prompt: Sequence[int]) -> tuple[int | None, int]:
@@ -108,6 +107,10 @@ class PromptCache:
             self.saved.popitem(last=False)
             self.n_evicted += 1
 
+    def settle(self) -> int:
+        """After a generation, while no request waits on it: make its positions reusable by the next turn."""
+        return self.engine.widen() if self.settings.enabled else 0
+
     # -- slots on disk (llama-server's /slots/{id}?action=...) --------------------------------------
     def slot_path(self, filename: str) -> Path:
         if self.settings.slot_dir is None:
@@ -124,7 +127,7 @@ class PromptCache:
         header = json.dumps({**self.identity, "n_tokens": len(snap.tokens), "target_bytes": len(snap.target),
                              "drafter_bytes": len(snap.drafter) if snap.drafter is not None else -1}).encode()
         blobs = [MAGIC, struct.pack("<I", len(header)), header, struct.pack(f"<{len(snap.tokens)}i", *snap.tokens),
-                 snap.target, snap.drafter or b""]
+                 bytes(snap.wide), snap.target, snap.drafter or b""]
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".part")
         tmp.write_bytes(b"".join(blobs))
@@ -158,11 +161,12 @@ class PromptCache:
             raise SlotFileError(f"slot file {filename!r} was saved with another {k} ({theirs!r}, this server: "
                                 f"{ours!r}): its cache would not match what this server computes")
         n, nt, nd = header["n_tokens"], header["target_bytes"], header["drafter_bytes"]
-        if len(data) != at + 4 * n + nt + max(nd, 0):
+        if len(data) != at + 5 * n + nt + max(nd, 0):
             raise bad
         tokens = list(struct.unpack_from(f"<{n}i", data, at))
-        at += 4 * n
-        return SequenceSnapshot(tokens, data[at:at + nt], data[at + nt:] if nd >= 0 else None)
+        wide = [bool(b) for b in data[at + 4 * n:at + 5 * n]]
+        at += 5 * n
+        return SequenceSnapshot(tokens, wide, data[at:at + nt], data[at + nt:] if nd >= 0 else None)
 
     def erase_slot(self) -> int:
         n = len(self.engine.held_tokens)

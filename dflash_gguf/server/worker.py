@@ -174,6 +174,7 @@ class EngineWorker:
         if job.cancelled.is_set():
             job.emit("cancelled")
             self._record(job, len(result.tokens), "cancelled", queued_at, started)
+            self._settle()
             return
         tail = job.text.finish()
         if tail:
@@ -189,6 +190,16 @@ class EngineWorker:
                 return
         job.emit("done", result)
         self._record(job, len(result.tokens), "done", queued_at, started, result.n_cached)
+        self._settle()
+
+    def _settle(self) -> None:
+        """The answer is out: re-decode what the next turn would otherwise re-read (prompt_cache.settle)."""
+        if self.cache is None:
+            return
+        try:
+            self.cache.settle()
+        except Exception as e:  # noqa: BLE001 - the engine forgot its sequence; the next request starts cold
+            print(f"dflash-gguf serve: keeping the conversation failed: {type(e).__name__}: {e}", file=sys.stderr)
 
     def _call(self, call: EngineCall) -> None:
         try:
