@@ -7,7 +7,7 @@ import pytest
 from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.target import WIDE_ROWS
 from dflash_gguf.settings import EngineSettings
-from engine_helpers import write_random_drafter, write_tiny_llama
+from engine_helpers import tiny_speculative_engine, write_random_drafter
 
 GREEDY = SamplingParams(temperature=0.0)
 HOT = SamplingParams(temperature=0.8, top_k=20, seed=3)
@@ -15,12 +15,7 @@ HOT = SamplingParams(temperature=0.8, top_k=20, seed=3)
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    from dflash_gguf.engine.session import Engine
-    d = tmp_path_factory.mktemp("prefix")
-    target = write_tiny_llama(d / "t.gguf", text=True, n_layer=3)
-    drafter = write_random_drafter(target, d / "d.gguf", taps=[1, 2, 3], block_size=8, n_head=4, n_head_kv=2,
-                                   head_dim=16, n_ff=64)
-    eng = Engine(EngineSettings(target=target, drafter=drafter, n_ctx=512, n_threads=1, adaptive=False, draft_max=3))
+    eng = tiny_speculative_engine(tmp_path_factory.mktemp("prefix"))
     eng.spec.debug_check_positions = True          # target and drafter hold the same positions after every step
     yield eng
     eng.close()

@@ -94,6 +94,13 @@ def turn(base: str, messages: list[dict], max_tokens: int, cache: bool = True) -
     return ttft, text, timings
 
 
+def wait_idle(base: str) -> None:
+    """Until the server has finished the last request's work (the user reads the answer before typing)."""
+    import httpx
+    while httpx.get(base + "/slots", timeout=60).json()[0]["is_processing"]:
+        time.sleep(0.05)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", default=None)
@@ -124,9 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         warm, cold, texts = [], [], set()
         for _ in range(a.repeats):
             turn(base, turn4, a.answer)                          # the server holds turns 1-4 again
+            wait_idle(base)
             t, text, tw = turn(base, last, a.last)
             warm.append(t)
             texts.add(text)
+            wait_idle(base)
             t, text, tc = turn(base, last, a.last, cache=False)
             cold.append(t)
             texts.add(text)
@@ -135,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                  {"role": "user", "content": "Name a prime number larger than 100."}]
         turn(base, turn4, a.answer)
         turn(base, other, 16)                                    # displaces the chat: it is parked in RAM
+        wait_idle(base)
         t_ram, text, tr = turn(base, last, a.last)
         texts.add(text)
         import httpx

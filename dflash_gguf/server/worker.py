@@ -151,12 +151,18 @@ class EngineWorker:
         self.engine.close()
 
     def _serve(self, job: Job, queued_at: float) -> None:
+        self.running = job                      # GET /slots: is_processing, until the cache is settled too
+        try:
+            self._serve_job(job, queued_at)
+        finally:
+            self.running = None
+
+    def _serve_job(self, job: Job, queued_at: float) -> None:
         started = time.perf_counter()
         if job.cancelled.is_set():              # the client left while queued: never start
             job.emit("cancelled")
             self._record(job, 0, "cancelled", queued_at, started)
             return
-        self.running = job
         try:
             if self.cache is not None:
                 n_cached = self.cache.prepare(job.tokens, job.cache_prompt)
@@ -169,8 +175,6 @@ class EngineWorker:
             job.emit("error", e)
             self._record(job, 0, "failed", queued_at, started)
             return
-        finally:
-            self.running = None
         if job.cancelled.is_set():
             job.emit("cancelled")
             self._record(job, len(result.tokens), "cancelled", queued_at, started)
