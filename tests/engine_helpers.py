@@ -264,3 +264,15 @@ def project_prompts(per_category: int) -> list[str]:
     from dflash_gguf.corpus.prompts import FIRST_PROMPTS, load
     rows = load(FIRST_PROMPTS)
     return [r["prompt"] for cat in ("code", "math", "chat") for r in [x for x in rows if x["category"] == cat][:per_category]]
+
+
+def tiny_speculative_engine(folder: Path):
+    """An Engine over a random 3-layer tiny llama (text vocabulary) and a random DFlash drafter, fixed draft length,
+    one thread: quick, and exact on the CPU (prompt-cache tests)."""
+    from dflash_gguf.engine.session import Engine
+    from dflash_gguf.settings import EngineSettings
+    target = write_tiny_llama(folder / "t.gguf", text=True, n_layer=3)
+    drafter = write_random_drafter(target, folder / "d.gguf", taps=[1, 2, 3], block_size=8, n_head=4, n_head_kv=2,
+                                   head_dim=16, n_ff=64)
+    return Engine(EngineSettings(target=target, drafter=drafter, n_ctx=512, n_threads=1, adaptive=False,
+                                 draft_max=3))

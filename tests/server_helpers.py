@@ -39,12 +39,12 @@ class LiveServer:
     """create_app over an EngineWorker, served by uvicorn in a daemon thread."""
 
     def __init__(self, make_engine: Callable[[], object], api_key: str | None = None,
-                 chat_template: str | None = None, model_id: str = "test-model"):
+                 chat_template: str | None = None, model_id: str = "test-model", cache=None):
         import uvicorn
 
         from dflash_gguf.server.app import ServerConfig, create_app
         from dflash_gguf.server.worker import EngineWorker
-        self.worker = EngineWorker(make_engine).start()
+        self.worker = EngineWorker(make_engine, cache=cache).start()
         self.port = free_port()
         self.app = create_app(self.worker, ServerConfig(model_id, api_key, chat_template=chat_template))
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))

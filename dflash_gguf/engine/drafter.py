@@ -114,6 +114,16 @@ class DFlashDrafter:
         self.ctx.clear()
         self._n_pending = 0
 
+    def truncate(self, n: int) -> bool:
+        """Keep the context of positions 0..n-1 (pending rows included), as if only those had been injected;
+        False, with nothing changed, where a sliding window has dropped positions a cold start would hold."""
+        if self.window is not None and self.ctx.pos_min() > 0:
+            return False
+        if not self.ctx.seq_rm(n, -1):
+            return False
+        self._n_pending = min(self._n_pending, max(n - self._pending_pos0, 0))
+        return True
+
     def process(self, features: np.ndarray, pos0: int) -> None:
         n, k = features.shape[0], self._n_pending
         if k == 0:

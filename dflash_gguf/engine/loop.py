@@ -47,6 +47,7 @@ class Timings:
 class GenerationResult:
     tokens: list[int]
     n_prompt: int
+    n_cached: int = 0                      # prompt tokens taken from the caches (not prefilled again)
     finish_reason: str = "length"          # "stop" (EOG / stop string / callback) or "length"
     n_target_calls: int = 0                # target decodes after prefill (verify or plain steps)
     n_plain_steps: int = 0
@@ -125,25 +126,31 @@ class SpecDecoder:
 
     # -- the loop ------------------------------------------------------------------------------
     def generate(self, prompt: Sequence[int], max_tokens: int, sampling: SamplingParams = SamplingParams(),
-                 on_tokens: TokenCallback | None = None, stop_tokens: Callable[[int], bool] | None = None
-                 ) -> GenerationResult:
+                 on_tokens: TokenCallback | None = None, stop_tokens: Callable[[int], bool] | None = None,
+                 *, n_cached: int = 0) -> GenerationResult:
+        """n_cached: the target and the drafter already hold prompt[:n_cached] (engine/prefix.py put
+        them there); only the rest is prefilled. 0: both start empty."""
         if not prompt:
             raise ValueError("empty prompt: at least one token (e.g. BOS) is needed")
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if not 0 <= n_cached < len(prompt) or (n_cached and n_cached != self.target.n_past):
+            raise ValueError(f"n_cached {n_cached}: the caches hold {self.target.n_past} positions and at least "
+                             f"one of the {len(prompt)} prompt tokens must be decoded")
         sampling.validate()
         is_stop = stop_tokens or self.target.model.is_eog
         rng = np.random.default_rng(sampling.seed)
-        res = GenerationResult([], len(prompt), slots=SlotCounts.zeros(self.policy.draft_max))
+        res = GenerationResult([], len(prompt), n_cached=n_cached, slots=SlotCounts.zeros(self.policy.draft_max))
         t_start = time.perf_counter()
         self.target.check_fits(len(prompt), 1)
-        self.target.reset()
         self.policy.reset()
-        if self.drafter is not None:
-            self.drafter.begin()
+        if not n_cached:
+            self.target.reset()
+            if self.drafter is not None:
+                self.drafter.begin()
 
         sink = self.drafter.process if self.drafter is not None else None
-        last = pick(self.target.prefill(prompt, sink), sampling, rng)
+        last = pick(self.target.prefill(prompt[n_cached:], sink), sampling, rng)
         res.timings.prefill_s = time.perf_counter() - t_start
         if self.lookup is not None:
             self.lookup.begin()

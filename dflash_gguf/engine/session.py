@@ -11,12 +11,14 @@ from ..gguf_check import check_drafter, check_fits, check_target
 from ..native.wrappers import ContextSettings, Model, ModelLoadError, TensorOverride
 from ..paths import cache_root
 from ..settings import EngineSettings
+from . import prefix
 from .draft_sources import open_drafter
 from .loop import GenerationResult, SpecDecoder, TokenCallback
 from .policy import CostCache, CostCurve, DraftLengthPolicy, measure_cost_curve
 from .sampling import SamplingParams
 from .sources.lookup import LookupSource
 from .target import Target
+from .token_probs import TokenProbs, rescore
 
 CALIBRATION_CONTEXT = 64      # tokens decoded before the timed batches
 CALIBRATION_BUDGET_S = 10.0   # what measuring the verify-cost curve may take on a slow device
@@ -99,6 +101,7 @@ class Engine:
         # lavapipe (Vulkan) crashes its queue thread (docs/vulkan.md): on device builds the taps stay on (plain
         # pays one small readback of the tapped rows per token)
         self._toggle_taps = self.target_model.native.info.get("backend") == "cpu"
+        self._drafter_in_step = True         # the drafter holds what the target holds (engine/prefix.py)
 
     def decoder(self, source: str) -> SpecDecoder:
         """The speculative decoder of a draft source (built on first use, each with its own policy); the plain
@@ -149,19 +152,85 @@ class Engine:
     # -- generation ---------------------------------------------------------------------------
     def generate(self, prompt: Sequence[int], max_tokens: int, sampling: SamplingParams = SamplingParams(),
                  on_tokens: TokenCallback | None = None, *, speculative: bool = True,
-                 source: str | None = None) -> GenerationResult:
-        """source: a draft source other than the settings' (bench runs each of them)."""
+                 source: str | None = None, n_cached: int = 0) -> GenerationResult:
+        """source: a draft source other than the settings' (bench runs each of them); n_cached: how many prompt
+        tokens `keep_prefix(prompt)` kept in the caches (0: a cold start)."""
         decoder = (self.spec if source is None else self.decoder(source)) if speculative else self.plain
-        if decoder.drafter is not None:
-            return decoder.generate(list(prompt), max_tokens, sampling, on_tokens)
+        try:
+            if decoder.drafter is not None:
+                result = decoder.generate(list(prompt), max_tokens, sampling, on_tokens, n_cached=n_cached)
+                self._drafter_in_step = True
+                return result
+            self._drafter_in_step = self.drafter is None          # a decoder without the drafter does not feed it
+            return self._generate_without_drafter(decoder, list(prompt), max_tokens, sampling, on_tokens, n_cached)
+        except BaseException:
+            self.forget()             # a decode that failed half-way leaves no cache worth reusing
+            raise
+
+    def _generate_without_drafter(self, decoder: SpecDecoder, prompt: list[int], max_tokens: int,
+                                  sampling: SamplingParams, on_tokens: TokenCallback | None,
+                                  n_cached: int) -> GenerationResult:
         taps = self.target.ctx.taps if self._toggle_taps else []
         if taps:      # plain decoding and lookup pay nothing for the drafter: no hidden-state copies
             self.target.ctx.set_taps([])
         try:
-            return decoder.generate(list(prompt), max_tokens, sampling, on_tokens)
+            return decoder.generate(prompt, max_tokens, sampling, on_tokens, n_cached=n_cached)
         finally:
             if taps:
                 self.target.ctx.set_taps(taps)
+
+    # -- the held sequence (engine/prefix.py) ---------------------------------------------------
+    @property
+    def held_tokens(self) -> list[int]:
+        """The tokens whose positions the target holds now."""
+        return self.target.tokens
+
+    def keep_prefix(self, prompt: Sequence[int], *, speculative: bool = True) -> int:
+        """Cut the held sequence back to its longest common prefix with `prompt`; pass the result to
+        `generate(n_cached=...)`. 0 where nothing can be reused (see engine/prefix.py)."""
+        drafter = self.spec.drafter if speculative else None     # a lookup-only decoder leaves the drafter out
+        if drafter is not None and not self._drafter_in_step:
+            return 0
+        return prefix.keep_prefix(self.target, drafter, prompt)
+
+    def widen(self) -> int:
+        """Re-decode the last generation's positions as a prefill would (engine/prefix.py), so that the next turn
+        reuses them exactly; returns how many were decoded again. Run it while idle, after the answer is out."""
+        try:
+            return prefix.widen(self.target, self.drafter if self._drafter_in_step else None)
+        except BaseException:
+            self.forget()
+            raise
+
+    def snapshot(self) -> prefix.SequenceSnapshot:
+        return prefix.snapshot(self.target, self.drafter if self._drafter_in_step else None)
+
+    def restore(self, snap: prefix.SequenceSnapshot) -> None:
+        try:
+            prefix.restore(self.target, self.drafter, snap)
+        except BaseException:
+            self.forget()
+            raise
+        self._drafter_in_step = self.drafter is None or snap.drafter is not None
+
+    def token_probs(self, n_prompt: int, generated: list[int], k: int) -> list[TokenProbs] | None:
+        """The target's top-k log-probabilities behind each token of the last generation (engine/token_probs.py);
+        None on a recurrent target. The held sequence becomes prompt + generated[:-1] in target and drafter."""
+        try:
+            out = rescore(self.target, n_prompt, generated, k)
+            if out is not None and self.drafter is not None and self._drafter_in_step:
+                if not self.drafter.truncate(self.target.n_past):
+                    self._drafter_in_step = False
+            return out
+        except BaseException:
+            self.forget()
+            raise
+
+    def forget(self) -> None:
+        """Drop the held sequence: the next generation starts cold."""
+        self.target.reset()
+        if self.drafter is not None:
+            self.drafter.begin()
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         return self.target_model.tokenize(text, add_special=add_special)

@@ -14,6 +14,12 @@ from ..native.wrappers import Batch, Context, ContextSettings, Model, TapRows
 # Called after every target decode with (features [rows, n_taps*n_embd], pos0 of the first row).
 FeatureSink = Callable[[np.ndarray, int], None]
 
+# ggml-cpu runs flash attention tiled, with another summation order, for a ubatch of >= 64 query rows
+# (GGML_FA_TILE_Q) and row by row below that; the matmuls give the same bits for any width (ggml-kernels/cpu).
+# So a position's KV depends on its tokens and on whether its ubatch was "wide": a reused prefix is exact
+# only where each position was computed as a prefill of the whole sequence from 0 would compute it.
+WIDE_ROWS = 64
+
 
 class ContextOverflow(UserError):
     """The prompt (plus generation) does not fit the context."""
@@ -38,9 +44,11 @@ class Target:
         self.rollback_mode = self._rollback_mode(max_verify)
         if taps:
             self.ctx.set_taps(list(taps))
-        self.n_batch = settings.n_batch
+        self.n_batch = min(settings.n_batch, settings.n_ubatch)   # one decode = one ubatch (see WIDE_ROWS)
         self.batch = Batch(model.native, max(settings.n_batch, max_verify + 1))
         self.n_past = 0                  # positions held in the KV cache
+        self.tokens: list[int] = []      # the token at each held position (a prompt cache compares against it)
+        self.wide: list[bool] = []       # whether each held position was decoded in a ubatch of >= WIDE_ROWS
         self._checkpoint: bytes | None = None
         self._kept_rows: TapRows | None = None   # features of the rows a verify keeps, reused every step
         self._max_rows = max_verify + 1
@@ -58,23 +66,75 @@ class Target:
     def reset(self) -> None:
         self.ctx.clear()
         self.n_past = 0
+        self.tokens = []
+        self.wide = []
+
+    def truncate(self, n: int) -> bool:
+        """Keep positions 0..n-1 (a prefix to reuse); False, with nothing changed, where the memory cannot
+        (recurrent state only rolls back within a verify: it keeps its whole sequence or nothing)."""
+        if n >= self.n_past:
+            return n == self.n_past
+        if self.recurrent or not self.ctx.seq_rm(n, -1):
+            return False
+        self.n_past = n
+        del self.tokens[n:]
+        del self.wide[n:]
+        return True
+
+    def _cold_wide_end(self, n: int) -> int:
+        """Positions below this are wide when n tokens are prefilled from position 0 in ubatches of n_batch."""
+        if self.n_batch < WIDE_ROWS:
+            return 0
+        tail = n - ((n - 1) // self.n_batch) * self.n_batch          # rows of the last ubatch
+        return n if tail >= WIDE_ROWS else n - tail
+
+    def reusable(self, k: int, n: int) -> int:
+        """The longest prefix (<= k) of the held positions that a prefill of n tokens from 0 computes the same
+        way, moved back so that what is left to decode before the narrow tail fills a wide ubatch."""
+        wide_end = self._cold_wide_end(n)
+        k = min(k, next((i for i in range(min(k, self.n_past)) if self.wide[i] != (i < wide_end)), k))
+        if 0 < wide_end - k < WIDE_ROWS:
+            k = max(wide_end - WIDE_ROWS, 0)
+        return k
+
+    def _chunks(self, n_new: int, all_wide: bool = False) -> list[int]:
+        """Ubatch sizes for positions n_past..n_past+n_new-1 that make each wide or narrow as a prefill from 0
+        of the whole sequence would (all_wide: every one wide, as a prefill of a longer sequence would)."""
+        start, end, B = self.n_past, self.n_past + n_new, self.n_batch
+        if B < WIDE_ROWS:
+            return [min(B, end - i) for i in range(start, end, B)]
+        wide_end = end if all_wide else max(self._cold_wide_end(end), start)
+        sizes = [B] * ((wide_end - start) // B)
+        rest = (wide_end - start) % B
+        if rest:
+            if rest < WIDE_ROWS and sizes:                          # borrow rows from the previous ubatch
+                sizes[-1] -= WIDE_ROWS - rest
+                rest = WIDE_ROWS
+            sizes.append(rest)
+        if end > wide_end:
+            sizes.append(end - wide_end)
+        return sizes
 
     def check_fits(self, n_prompt: int, n_new: int = 1) -> None:
         if n_prompt + n_new > self.n_ctx:
             raise ContextOverflow(f"prompt of {n_prompt} tokens + {n_new} to generate does not fit the context of "
                                   f"{self.n_ctx} tokens ({self.model.path.name}); raise -c/--ctx-size or shorten the prompt")
 
-    def prefill(self, tokens: Sequence[int], sink: FeatureSink | None) -> np.ndarray:
-        """Decode tokens at n_past.. in chunks of n_batch; return the logits of the last row (a copy)."""
+    def prefill(self, tokens: Sequence[int], sink: FeatureSink | None, *, all_wide: bool = False) -> np.ndarray:
+        """Decode tokens at n_past.. in ubatches of at most n_batch, each position wide or narrow as a prefill of
+        the whole sequence from 0 makes it (`_chunks`); return the logits of the last row (a copy)."""
         self.check_fits(self.n_past + len(tokens))
-        for i in range(0, len(tokens), self.n_batch):
-            chunk = tokens[i:i + self.n_batch]
-            last_chunk = i + self.n_batch >= len(tokens)
-            self.batch.set_tokens(chunk, self.n_past, "last" if last_chunk else "none")
+        i = 0
+        for size in self._chunks(len(tokens), all_wide):
+            chunk = tokens[i:i + size]
+            i += size
+            self.batch.set_tokens(chunk, self.n_past, "last" if i >= len(tokens) else "none")
             self.ctx.decode(self.batch, "prefill")
             if sink is not None and self.ctx.taps:
                 sink(self.ctx.get_taps(0, len(chunk)), self.n_past)
             self.n_past += len(chunk)
+            self.tokens.extend(chunk)
+            self.wide.extend([size >= WIDE_ROWS] * size)
         return np.array(self.ctx.logits(-1))
 
     def decode_rows(self, tokens: Sequence[int]) -> np.ndarray:
@@ -88,6 +148,8 @@ class Target:
         self.batch.set_tokens(tokens, self.n_past, "all")
         self.ctx.decode(self.batch, "verify")
         self.n_past += len(tokens)
+        self.tokens.extend(tokens)
+        self.wide.extend([len(tokens) >= WIDE_ROWS] * len(tokens))
         return self.ctx.logits_all(len(tokens))
 
     def time_verify(self, tokens: Sequence[int], clock: Callable[[], float] = time.perf_counter) -> float:
@@ -117,15 +179,21 @@ class Target:
             if not self.ctx.seq_rm(start, -1):
                 raise RuntimeError(f"{self.model.path.name}: cannot remove positions >= {start} after restore")
             self.n_past = start
+            del self.tokens[start:]
+            del self.wide[start:]
             if replay:
                 self.batch.set_tokens(replay, start, "none")
                 self.ctx.decode(self.batch, "rollback replay")
                 self.n_past += len(replay)
+                self.tokens.extend(replay)
+                self.wide.extend([False] * len(replay))
             return
         if not self.ctx.seq_rm(start + n_keep, -1):
             raise RuntimeError(f"{self.model.path.name}: the memory refused to roll back {n_decoded - n_keep} "
                                f"positions (rollback mode {self.rollback_mode.kind})")
         self.n_past = start + n_keep
+        del self.tokens[self.n_past:]
+        del self.wide[self.n_past:]
 
     def close(self) -> None:
         self.batch.close()

@@ -20,6 +20,7 @@ class TextStream:
         self._pending = ""          # decoded text not yet returned
         self.text = ""              # everything returned so far
         self.stopped = False
+        self.stop_word = ""         # the stop string that ended the text
 
     def feed(self, tokens: Sequence[int]) -> str:
         if self.stopped:
@@ -35,8 +36,9 @@ class TextStream:
     def _release(self, final: bool) -> str:
         if self.stopped:
             return ""
-        cut = min((i for i in (self._pending.find(s) for s in self._stop) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self._stop if (i := self._pending.find(s)) >= 0]
+        if found:
+            cut, self.stop_word = min(found)
             out, self._pending, self.stopped = self._pending[:cut], "", True
         elif final or not self._stop:
             out, self._pending = self._pending, ""

@@ -340,19 +340,21 @@ class Context:
     def n_rs_seq(self) -> int:
         return self.native.llama_cpp.llama_n_rs_seq(self.ptr)
 
-    def state_get(self) -> bytes:
-        """Partial (recurrent-only) sequence-0 state, for checkpoint + replay rollback."""
+    def state_get(self, *, partial: bool = True) -> bytes:
+        """Sequence-0 state: partial (recurrent-only, for checkpoint + replay rollback) or whole (KV cache and
+        recurrent state, for a prompt cache that keeps a conversation in RAM)."""
         L = self.native.llama_cpp
-        flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
         size = L.llama_state_seq_get_size_ext(self.ptr, 0, flags)
         buf = (ctypes.c_uint8 * size)()
         n = L.llama_state_seq_get_data_ext(self.ptr, buf, size, 0, flags)
-        return bytes(buf[:n])
+        return bytes(memoryview(buf)[:n])     # one copy (buf[:n] would build a list of ints)
 
-    def state_set(self, data: bytes) -> None:
+    def state_set(self, data: bytes, *, partial: bool = True) -> None:
         L = self.native.llama_cpp
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        n = L.llama_state_seq_set_data_ext(self.ptr, buf, len(data), 0, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+        flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
+        n = L.llama_state_seq_set_data_ext(self.ptr, buf, len(data), 0, flags)
         if n == 0:
             raise RuntimeError(f"{self.model.path.name}: restoring the sequence state failed")
 

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP app (FastAPI) over one EngineWorker.
 
-Routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health (+ /v1/health).
+Routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health (+ /v1/health), and
+llama-server's own (llama_api.py): GET /props, /slots, POST /tokenize, /detokenize, /completion, /slots/0.
 Errors always have the OpenAI shape {"error": {"message", "type", "param", "code"}}.
 """
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from fastapi import Request  # module level: FastAPI resolves the endpoints' annotations through globals
 
 from ..errors import UserError
-from . import prepare, protocol
+from . import llama_api, prepare, protocol
 from .chat_output import OutputSplitter
 from .responses import Meta, chat_body, chat_stream, collect, error_body, failure, text_body, text_stream
 from .worker import EngineWorker
@@ -75,7 +76,8 @@ def create_app(worker: EngineWorker, config: ServerConfig):
     @app.get("/")
     async def index():
         return {"name": "dflash-gguf", "model": config.model_id, "status": worker.status,
-                "endpoints": ["/v1/models", "/v1/chat/completions", "/v1/completions", "/health"]}
+                "endpoints": ["/v1/models", "/v1/chat/completions", "/v1/completions", "/health", "/props",
+                              "/slots", "/tokenize", "/detokenize", "/completion"]}
 
     def model_card() -> dict:
         return {"id": config.model_id, "object": "model", "created": 0, "owned_by": "dflash-gguf"}
@@ -98,18 +100,22 @@ def create_app(worker: EngineWorker, config: ServerConfig):
         except (ValueError, UnicodeDecodeError) as e:
             raise protocol.BadRequest(f"malformed JSON body: {e}", None, "invalid_json") from e
 
-    async def run(request, job, splitter, meta, req, body, stream):
+    async def respond(request, job, splitter, events, final):
+        """Submit the job; stream `events` (SSE lines), or once it is done answer `final(result)`."""
         worker.submit(job)
-        if req.stream:
-            return StreamingResponse(stream(request, job, splitter, meta, req.include_usage),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        if events is not None:
+            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         result, exc = await collect(request, job, splitter)
         if exc is not None:
             status, err = failure(exc)
             return JSONResponse(err, status_code=status)
         if result is None:
             return error(499, "client closed the request", code="client_closed")
-        return body(meta, splitter, result)
+        return final(result)
+
+    async def run(request, job, splitter, meta, req, body, stream):
+        events = stream(request, job, splitter, meta, req.include_usage) if req.stream else None
+        return await respond(request, job, splitter, events, lambda result: body(meta, splitter, result))
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -131,12 +137,16 @@ def create_app(worker: EngineWorker, config: ServerConfig):
         splitter = OutputSplitter(parse_reasoning=False)
         return await run(request, job, splitter, Meta(config.model_id, "text"), req, text_body, text_stream)
 
+    llama_api.register(app, worker, config, read_json, not_ready, error, respond)
     return app
 
 
 def _default_limit(req: protocol.Generation, config: ServerConfig) -> None:
     if req.max_tokens is None:
         req.max_tokens = config.default_max_tokens
+
+
+PUBLIC_PATHS = {"/", "/health", "/v1/health"}     # everything else needs the key, as on llama-server
 
 
 class BearerAuth:
@@ -147,8 +157,7 @@ class BearerAuth:
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "")
-        if scope["type"] == "http" and scope["method"] != "OPTIONS" and path.startswith("/v1/") \
-                and path != "/v1/health":
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and path not in PUBLIC_PATHS:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 from fastapi.responses import JSONResponse  # noqa: PLC0415

@@ -34,6 +34,14 @@ def register(app: typer.Typer) -> None:
                                                  help="default max_tokens when a request sets none "
                                                       "(default: until the context is full)"),
         plain: bool = typer.Option(False, "--plain", help="serve without speculation (baseline)"),
+        cache_prompt: bool = typer.Option(True, "--cache-prompt/--no-cache-prompt",
+                                          help="reuse the longest common prefix of the last conversation "
+                                               "(llama-server's cache_prompt; a request can still send false)"),
+        cache_ram: int = typer.Option(2048, "-cram", "--cache-ram",
+                                      help="MiB of RAM for other conversations' caches (least recently used "
+                                           "out first; -1: no limit, 0: keep only the current one)"),
+        slot_save_path: Optional[Path] = typer.Option(None, "--slot-save-path",
+                                                      help="folder for POST /slots/0?action=save|restore files"),
         engine_options: dict = None,
     ):
         """OpenAI-compatible server (chat, completions, models, health) for Jan, LM Studio and any client."""
@@ -45,6 +53,7 @@ def register(app: typer.Typer) -> None:
         from ..engine.session import Engine, check_inputs, require_native
         from ..settings import EngineSettings
         from .app import ServerConfig, create_app
+        from .prompt_cache import CacheSettings
         from .worker import EngineWorker
 
         target, drafter = _pick_models(model, draft, plain)
@@ -59,7 +68,10 @@ def register(app: typer.Typer) -> None:
         served = check_inputs(settings, speculative=not plain)[0]    # refuse bad files before listening
         require_native(settings)
         log = lambda msg: print(f"dflash-gguf serve: {msg}", file=sys.stderr, flush=True)  # noqa: E731
-        worker = EngineWorker(lambda: _load_engine(Engine, settings, served, plain), log=log)
+        if cache_ram < -1:
+            raise UserError(f"--cache-ram {cache_ram}: must be >= 0 MiB, or -1 for no limit")
+        cache = CacheSettings(cache_prompt, None if cache_ram == -1 else cache_ram << 20, slot_save_path)
+        worker = EngineWorker(lambda: _load_engine(Engine, settings, served, plain), log=log, cache=cache)
         model_id = alias or (target.stem if target else "smollm2-135m-instruct-dflash")
         app = create_app(worker, ServerConfig(model_id, api_key, tuple(cors_origin), max_tokens, template))
         _announce(host, port, api_key, log)

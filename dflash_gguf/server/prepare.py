@@ -11,13 +11,23 @@ from .protocol import BadRequest, ChatRequest, CompletionRequest, Generation
 from .worker import Job
 
 
+def served_template(engine, template_override: str | None) -> str | None:
+    """The chat template requests are rendered with (GET /props reports it): --chat-template, else the GGUF's own,
+    else llama.cpp's built-in for the model (textgen/chat.py); None when the model has none of them."""
+    try:
+        return template_override or model_template(engine.target_model).text
+    except ChatTemplateError:
+        return None
+
+
 def chat_job(engine, req: ChatRequest, template_override: str | None,
              loop: asyncio.AbstractEventLoop) -> tuple[Job, OutputSplitter]:
     m = engine.target_model
-    try:
-        template = template_override or model_template(m).text
-    except ChatTemplateError as e:
-        raise BadRequest(f"{e}; or use /v1/completions with a raw prompt", "messages", "no_chat_template") from None
+    template = served_template(engine, template_override)
+    if not template:
+        raise BadRequest(f"{m.path.name} has no chat template and no llama.cpp built-in fits it: use /v1/completions "
+                         "with a raw prompt, or start the server with --chat-template NAME|FILE", "messages",
+                         "no_chat_template")
     if req.tools and "tools" not in template:
         raise BadRequest(f"{m.path.name}'s chat template has no tool support, so the tools would be ignored; "
                          "remove `tools` or serve a model whose template renders them", "tools", "unsupported_value")
@@ -60,4 +70,5 @@ def _job(engine, tokens: list[int], req: Generation, param: str, loop) -> Job:
         req.sampling.validate()
     except ValueError as e:
         raise BadRequest(str(e), None, "invalid_value") from e
-    return Job(tokens, max_tokens, req.sampling, TextStream(engine.target_model.token_bytes, req.stop), loop)
+    return Job(tokens, max_tokens, req.sampling, TextStream(engine.target_model.token_bytes, req.stop), loop,
+               cache_prompt=req.cache_prompt)

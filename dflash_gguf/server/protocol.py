@@ -41,12 +41,10 @@ NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "suffix": (lambda v: v is None or v == "", "null"),
     "store": (lambda v: v is None or v is False, "false"),
     "response_format": (lambda v: v is None or v == {"type": "text"}, '{"type": "text"}'),
-    # a llama-server speed hint: this server never reuses a cache across requests, output is the same
-    "cache_prompt": (lambda v: v is None or isinstance(v, bool), "true or false"),
 }
 HARMLESS = {"model", "user"}
 COMMON = HARMLESS | {"stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "max_tokens", "stop",
-                     "seed"} | set(NEUTRAL) - {"echo", "suffix", "best_of"}
+                     "seed", "cache_prompt"} | set(NEUTRAL) - {"echo", "suffix", "best_of"}
 CHAT = COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls",
                  "chat_template_kwargs", "reasoning_format"}
 COMPLETION = COMMON | {"prompt", "echo", "suffix", "best_of"}
@@ -59,6 +57,7 @@ class Generation:
     sampling: SamplingParams
     max_tokens: int | None              # None: until the context is full
     stop: list[str]
+    cache_prompt: bool                  # False: prefill the whole prompt (llama-server's field; output is the same)
 
 
 @dataclass
@@ -152,8 +151,11 @@ def _generation(body: dict, chat: bool) -> Generation:
                               top_k=_number(body, "top_k", int, 0, None, 0), top_p=top_p,
                               min_p=_number(body, "min_p", float, 0.0, 1.0, 0.0),
                               seed=seed if seed is None or seed >= 0 else None)   # -1: random (llama.cpp)
+    cache_prompt = body.get("cache_prompt", True)
+    if not isinstance(cache_prompt, bool) and cache_prompt is not None:
+        raise BadRequest("cache_prompt must be a boolean", "cache_prompt", "invalid_value")
     return Generation(stream, bool(so.get("include_usage")), sampling,
-                      None if max_tokens in (None, -1) else max_tokens, stop)
+                      None if max_tokens in (None, -1) else max_tokens, stop, cache_prompt is not False)
 
 
 def _text(content: Any, where: str) -> str:

@@ -12,7 +12,7 @@ from typing import AsyncIterator
 from ..engine.loop import GenerationResult
 from ..errors import UserError
 from .chat_output import OutputSplitter
-from .worker import END_EVENTS, Job, timings
+from .worker import END_EVENTS, Job, Piece, timings
 
 DISCONNECT_POLL_S = 0.5     # how often a waiting request checks that its client is still there
 
@@ -50,7 +50,26 @@ async def job_events(request, job: Job) -> AsyncIterator[tuple[str, object]]:
 
 def usage(result: GenerationResult) -> dict:
     n = len(result.tokens)
-    return {"prompt_tokens": result.n_prompt, "completion_tokens": n, "total_tokens": result.n_prompt + n}
+    return {"prompt_tokens": result.n_prompt, "completion_tokens": n, "total_tokens": result.n_prompt + n,
+            "prompt_tokens_details": {"cached_tokens": result.n_cached}}
+
+
+class DraftCounts:
+    """Per-chunk `dflash: {tokens, drafted}`: how many tokens a streamed chunk's text came from and how many
+    of those were drafts the target accepted (what LM Studio's fragmentGenerated takes as tokenCount and
+    containsDrafted). Pieces whose text the splitter holds back add to the next chunk sent."""
+
+    def __init__(self):
+        self.tokens = self.drafted = 0
+
+    def add(self, piece: Piece) -> None:
+        self.tokens += piece.n_tokens
+        self.drafted += piece.n_drafted
+
+    def take(self) -> dict:
+        out = {"dflash": {"tokens": self.tokens, "drafted": self.drafted}}
+        self.tokens = self.drafted = 0
+        return out
 
 
 def error_body(message: str, etype: str = "invalid_request_error", param: str | None = None,
@@ -70,7 +89,7 @@ async def collect(request, job: Job, splitter: OutputSplitter):
     """Run a non-streaming job: (result, None), (None, exception), or (None, None) if the client left."""
     async for kind, payload in job_events(request, job):
         if kind == "text":
-            splitter.feed(payload)
+            splitter.feed(payload.text)
         elif kind == "done":
             splitter.feed("", final=True)
             return payload, None
@@ -98,7 +117,7 @@ def text_body(meta: Meta, splitter: OutputSplitter, result: GenerationResult) ->
             "usage": usage(result), "timings": timings(result)}
 
 
-def _sse(obj) -> str:
+def sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
@@ -106,23 +125,25 @@ DONE = "data: [DONE]\n\n"
 
 
 async def chat_stream(request, job: Job, splitter: OutputSplitter, meta: Meta, include_usage: bool):
-    """First a role delta, then reasoning/content/tool-call deltas, one chunk with finish_reason (and
-    timings), a usage chunk when asked, then [DONE]."""
+    """First a role delta, then reasoning/content/tool-call deltas (each with its draft counts), one chunk with
+    finish_reason and timings, a usage chunk when asked, then [DONE]."""
+    counts = DraftCounts()
+
     def chunk(delta: dict, finish: str | None = None, **extra) -> str:
-        return _sse({**meta.head("chat.completion.chunk"),
+        return sse({**meta.head("chat.completion.chunk"),
                      "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra})
 
     def deltas(d) -> list[str]:
-        out = [chunk({"reasoning_content": d.reasoning})] if d.reasoning else []
-        out += [chunk({"content": d.content})] if d.content else []
-        for call in d.tool_calls:
-            out.append(chunk({"tool_calls": [{"index": splitter.tool_calls.index(call), **call}]}))
-        return out
+        parts = [{"reasoning_content": d.reasoning}] if d.reasoning else []
+        parts += [{"content": d.content}] if d.content else []
+        parts += [{"tool_calls": [{"index": splitter.tool_calls.index(call), **call}]} for call in d.tool_calls]
+        return [chunk(p, **(counts.take() if i == 0 else {})) for i, p in enumerate(parts)]
 
     yield chunk({"role": "assistant", "content": ""})
     async for kind, payload in job_events(request, job):
         if kind == "text":
-            for line in deltas(splitter.feed(payload)):
+            counts.add(payload)
+            for line in deltas(splitter.feed(payload.text)):
                 yield line
         elif kind == "done":
             for line in deltas(splitter.feed("", final=True)):
@@ -130,28 +151,32 @@ async def chat_stream(request, job: Job, splitter: OutputSplitter, meta: Meta, i
             finish = "tool_calls" if splitter.tool_calls else payload.finish_reason
             yield chunk({}, finish, timings=timings(payload))
             if include_usage:
-                yield _sse({**meta.head("chat.completion.chunk"), "choices": [], "usage": usage(payload)})
+                yield sse({**meta.head("chat.completion.chunk"), "choices": [], "usage": usage(payload)})
             yield DONE
         elif kind == "error":
-            yield _sse(failure(payload)[1])
+            yield sse(failure(payload)[1])
             yield DONE
 
 
 async def text_stream(request, job: Job, splitter: OutputSplitter, meta: Meta, include_usage: bool):
+    counts = DraftCounts()
+
     def chunk(text: str, finish: str | None = None, **extra) -> str:
-        return _sse({**meta.head("text_completion"),
+        return sse({**meta.head("text_completion"),
                      "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}], **extra})
 
     async for kind, payload in job_events(request, job):
+        if kind == "text":
+            counts.add(payload)
         if kind in ("text", "done"):
-            d = splitter.feed(payload if kind == "text" else "", final=kind == "done")
+            d = splitter.feed(payload.text if kind == "text" else "", final=kind == "done")
             if d.content:
-                yield chunk(d.content)
+                yield chunk(d.content, **counts.take())
         if kind == "done":
             yield chunk("", payload.finish_reason, timings=timings(payload))
             if include_usage:
-                yield _sse({**meta.head("text_completion"), "choices": [], "usage": usage(payload)})
+                yield sse({**meta.head("text_completion"), "choices": [], "usage": usage(payload)})
             yield DONE
         elif kind == "error":
-            yield _sse(failure(payload)[1])
+            yield sse(failure(payload)[1])
             yield DONE

@@ -1,0 +1,180 @@
+"""Reusing the held sequence (engine/prefix.py): a generation that continues a cached prefix gives exactly what a
+cold start gives (greedy, and T>0 with the same seed), after a cut-short generation too; snapshots restore both
+target and drafter; a hybrid target reuses its whole sequence or nothing."""
+
+import pytest
+
+from dflash_gguf.engine.sampling import SamplingParams
+from dflash_gguf.engine.target import WIDE_ROWS
+from dflash_gguf.settings import EngineSettings
+from engine_helpers import tiny_speculative_engine, write_random_drafter
+
+GREEDY = SamplingParams(temperature=0.0)
+HOT = SamplingParams(temperature=0.8, top_k=20, seed=3)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    eng = tiny_speculative_engine(tmp_path_factory.mktemp("prefix"))
+    eng.spec.debug_check_positions = True          # target and drafter hold the same positions after every step
+    yield eng
+    eng.close()
+
+
+def cold(engine, prompt, n, sampling=GREEDY, speculative=True):
+    engine.forget()
+    return engine.generate(prompt, n, sampling, speculative=speculative).tokens
+
+
+def warm(engine, prompt, n, sampling=GREEDY, speculative=True):
+    k = engine.keep_prefix(prompt, speculative=speculative)
+    res = engine.generate(prompt, n, sampling, n_cached=k, speculative=speculative)
+    assert res.n_cached == k
+    return k, res.tokens
+
+
+def prompt_of(*ids):
+    return [1] + [3 + (i % 28) for i in ids]
+
+
+# T > 0: the plain decoder draws one random number per token from the target's distribution, so the same seed
+# gives the same tokens exactly when the reused prefix leaves the target's distributions as a cold start has them.
+# With a drafter the draws also depend on the drafts; verification keeps the target's distribution whatever the
+# drafter proposes (tests/test_verify.py), so that path needs no check of its own here.
+@pytest.mark.parametrize("sampling,speculative", [(GREEDY, True), (GREEDY, False), (HOT, False)],
+                         ids=["greedy", "greedy-plain", "T0.8-seeded-plain"])
+def test_next_turn_reuses_the_conversation_and_matches_a_cold_start(engine, sampling, speculative):
+    first = prompt_of(*range(150))
+    answer = cold(engine, first, 24, sampling, speculative)
+    second = first + answer + prompt_of(7, 9, 11)[1:]
+    expected = cold(engine, second, 24, sampling, speculative)
+    engine.forget()
+    engine.generate(first, 24, sampling, speculative=speculative)       # the held sequence of turn 1 again
+    assert engine.widen() > 0                                           # what the server does once it answered
+    k, tokens = warm(engine, second, 24, sampling, speculative)
+    assert k == len(second) - WIDE_ROWS and tokens == expected          # one wide ubatch is decoded again
+
+
+def test_narrow_positions_are_not_reused_where_a_prefill_decodes_them_wide(engine):
+    first = prompt_of(*range(150))
+    engine.forget()
+    answer = engine.generate(first, 24, GREEDY).tokens
+    assert not any(engine.target.wide[len(first):])                     # generated in verify batches
+    second = first + answer + [4, 5, 6]
+    k, tokens = warm(engine, second, 24)
+    assert k <= len(first) and tokens == cold(engine, second, 24)
+
+
+def test_a_shorter_common_prefix_is_cut_back(engine):
+    base = prompt_of(*range(200))
+    engine.forget()
+    engine.generate(base, 16, GREEDY)
+    engine.widen()
+    edited = base[:150] + prompt_of(5, 5, 5)[1:]         # an edited message: only the first 150 tokens stay
+    k, tokens = warm(engine, edited, 16)
+    assert k == len(edited) - WIDE_ROWS
+    assert tokens == cold(engine, edited, 16)
+
+
+def test_the_same_prompt_again_decodes_its_last_token(engine):
+    p = prompt_of(*range(20))
+    expected = cold(engine, p, 12)
+    k, tokens = warm(engine, p, 12)
+    assert k == len(p) - 1 and tokens == expected
+
+
+def test_a_generation_cut_short_leaves_a_reusable_cache(engine):
+    p = prompt_of(*range(30))
+    engine.forget()
+    seen = []
+    engine.generate(p, 200, GREEDY, lambda new: seen.extend(new) or len(seen) < 10)   # the client leaves
+    follow = p + seen + prompt_of(2, 4)[1:]
+    k, tokens = warm(engine, follow, 16)
+    assert k > len(p) and tokens == cold(engine, follow, 16)
+
+
+def test_snapshot_restores_target_and_drafter(engine):
+    a = prompt_of(*range(120))
+    engine.forget()
+    answer = engine.generate(a, 20, GREEDY).tokens
+    engine.widen()
+    snap = engine.snapshot()
+    assert snap.tokens == engine.held_tokens and snap.drafter is not None
+    cold(engine, prompt_of(*range(100, 140)), 20)        # another conversation takes the contexts
+    engine.restore(snap)
+    follow = a + answer + prompt_of(1, 2, 3)[1:]
+    k, tokens = warm(engine, follow, 20)
+    assert k == len(follow) - WIDE_ROWS and tokens == cold(engine, follow, 20)
+
+
+def test_plain_decoding_leaves_the_drafter_behind_so_nothing_is_reused(engine):
+    p = prompt_of(*range(25))
+    engine.forget()
+    engine.generate(p, 8, GREEDY, speculative=False)
+    assert engine.keep_prefix(p + [5, 6]) == 0
+
+
+def test_token_probs_reread_the_target_and_keep_the_cache_consistent(engine):
+    p = prompt_of(*range(30))
+    engine.forget()
+    res = engine.generate(p, 12, GREEDY)
+    probs = engine.token_probs(len(p), res.tokens, 3)
+    assert [x.token for x in probs] == res.tokens
+    assert all(x.top[0][0] == x.token and x.logprob == x.top[0][1] <= 0 for x in probs)   # greedy: the argmax
+    assert engine.held_tokens == p + res.tokens[:-1]
+    follow = p + res.tokens + [7]
+    k, tokens = warm(engine, follow, 10)
+    assert k == len(p) + len(res.tokens) - 1 and tokens == cold(engine, follow, 10)
+
+
+def test_hybrid_target_reuses_its_whole_sequence_only(tmp_path):
+    from dflash_gguf.engine.session import Engine
+    from engine_helpers import tiny_hybrid_qwen35
+    pytest.importorskip("transformers")
+    target = tiny_hybrid_qwen35()
+    drafter = write_random_drafter(target, tmp_path / "d.gguf", taps=[1, 3], block_size=8, n_head=4, n_head_kv=2,
+                                   head_dim=16, n_ff=64)
+    eng = Engine(EngineSettings(target=target, drafter=drafter, n_ctx=256, n_threads=1, adaptive=False, draft_max=3))
+    try:
+        p = [1] + list(range(300, 340))
+        answer = cold(eng, p, 12)
+        follow = p + answer + [400, 401]
+        expected = cold(eng, follow, 12)
+        eng.forget()
+        eng.generate(p, 12, GREEDY)
+        n_held = len(eng.held_tokens)
+        k, tokens = warm(eng, follow, 12)
+        assert k == n_held >= len(p) and tokens == expected
+        assert eng.keep_prefix(p[:20] + [500]) == 0                # a shorter prefix: recurrent state cannot
+    finally:
+        eng.close()
+
+
+def test_embedded_default_reuses_bit_exactly():
+    """SmolLM2-135M Q4_1 (the embedded default): the last logits of a reused prefix + prefilled rest are the bits of a
+    cold prefill, after a generation whose tokens were decoded narrow and then widened (engine/prefix.py)."""
+    import numpy as np
+
+    from dflash_gguf.engine.session import Engine
+    eng = Engine(EngineSettings(n_ctx=1024, n_threads=1, n_batch=256))
+    try:
+        m = eng.target_model
+        prompt = m.tokenize("Write a short story about a lighthouse keeper and a storm. " * 12)
+        answer = eng.generate(prompt, 80, GREEDY).tokens
+        eng.widen()
+        follow = prompt + answer + m.tokenize(" Now tell it again, shorter.", add_special=False)
+        k = eng.keep_prefix(follow)
+        assert len(follow) - WIDE_ROWS - 256 <= k < len(follow)
+        warm_logits = eng.target.prefill(follow[k:], None)
+        eng.forget()
+        cold_logits = eng.target.prefill(follow, None)
+        assert np.array_equal(warm_logits, cold_logits)
+        eng.forget()
+        expected = eng.generate(follow, 24, GREEDY).tokens
+        eng.forget()
+        eng.generate(prompt, 80, GREEDY)
+        eng.widen()
+        res = eng.generate(follow, 24, GREEDY, n_cached=eng.keep_prefix(follow))
+        assert res.n_cached == k and res.tokens == expected
+    finally:
+        eng.close()

@@ -1,0 +1,111 @@
+"""The server's prompt cache (server/prompt_cache.py) over a tiny real engine: conversations parked in RAM come
+back exactly, the RAM budget holds under a burst of different conversations, `cache_prompt: false` starts cold,
+and slot files round-trip but are refused by an engine they were not made for."""
+
+import pytest
+
+from dflash_gguf.engine.sampling import SamplingParams
+from dflash_gguf.engine.target import WIDE_ROWS
+from dflash_gguf.server.prompt_cache import CacheSettings, PromptCache, SlotFileError
+from dflash_gguf.server.worker import engine_identity
+from engine_helpers import tiny_speculative_engine
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    eng = tiny_speculative_engine(tmp_path_factory.mktemp("cache"))
+    yield eng
+    eng.close()
+
+
+def conversation(i: int, n: int = 100) -> list[int]:
+    return [1] + [3 + (i * 7 + k * (i % 5 + 1)) % 28 for k in range(n)]
+
+
+def run(cache: PromptCache, prompt: list[int], use_cache: bool = True):
+    """One request as the worker serves it: prepare, generate, settle."""
+    k = cache.prepare(prompt, use_cache)
+    tokens = cache.engine.generate(prompt, 12, GREEDY, n_cached=k).tokens
+    cache.settle()
+    return k, tokens
+
+
+def cold(engine, prompt):
+    engine.forget()
+    return engine.generate(prompt, 12, GREEDY).tokens
+
+
+def test_a_parked_conversation_comes_back_exactly(engine):
+    cache = PromptCache(engine, CacheSettings(ram_bytes=None), engine_identity(engine))
+    engine.forget()
+    a, b = conversation(1), conversation(2)
+    _, answer = run(cache, a)
+    run(cache, b)                                         # replaces A, which is parked first
+    assert cache.n_parked == 1 and len(cache.saved) == 1
+    follow = a + answer + [5, 6, 7]
+    k, tokens = run(cache, follow)
+    assert cache.n_restored == 1 and k == len(follow) - WIDE_ROWS
+    assert tokens == cold(engine, follow)
+
+
+def test_cache_prompt_false_starts_cold(engine):
+    cache = PromptCache(engine, CacheSettings(), engine_identity(engine))
+    p = conversation(3)
+    run(cache, p)
+    k, tokens = run(cache, p + [9], use_cache=False)
+    assert k == 0 and tokens == cold(engine, p + [9])
+    off = PromptCache(engine, CacheSettings(enabled=False), engine_identity(engine))
+    assert off.prepare(p, True) == 0                     # --no-cache-prompt
+
+
+def test_ram_budget_holds_under_a_burst_of_conversations(engine):
+    engine.forget()
+    probe = PromptCache(engine, CacheSettings(ram_bytes=None), engine_identity(engine))
+    run(probe, conversation(0))
+    one = engine.snapshot().nbytes                        # what one parked conversation of this size costs
+    budget = int(2.5 * one)
+    cache = PromptCache(engine, CacheSettings(ram_bytes=budget), engine_identity(engine))
+    answers = {}
+    for i in range(10, 40):
+        _, answers[i] = run(cache, conversation(i))
+        assert cache.ram_used <= budget
+    assert 1 <= len(cache.saved) <= 2 and cache.n_evicted >= 25
+    newest_parked = 38                                    # 39 is held, 38 and maybe 37 wait in RAM
+    follow = conversation(newest_parked) + answers[newest_parked] + [4]
+    k, tokens = run(cache, follow)
+    assert k == len(follow) - WIDE_ROWS and tokens == cold(engine, follow)
+    oldest = conversation(10) + answers[10] + [4]         # long evicted: nothing comes back, still exact
+    restored = cache.n_restored
+    k, tokens = run(cache, oldest)
+    assert cache.n_restored == restored and k < 10 and tokens == cold(engine, oldest)
+
+
+def test_slot_files_round_trip_and_name_their_engine(engine, tmp_path):
+    cache = PromptCache(engine, CacheSettings(slot_dir=tmp_path), engine_identity(engine))
+    p = conversation(5)
+    _, answer = run(cache, p)
+    n_saved, n_written = cache.save_slot("chat.bin")
+    assert n_saved == len(p) + len(answer) - 1 and n_written == (tmp_path / "chat.bin").stat().st_size
+    assert cache.erase_slot() == n_saved and engine.held_tokens == []
+    assert cache.restore_slot("chat.bin") == (n_saved, n_written)
+    follow = p + answer + [8]
+    k, tokens = run(cache, follow)
+    assert k == len(follow) - WIDE_ROWS and tokens == cold(engine, follow)
+
+    other = PromptCache(engine, CacheSettings(slot_dir=tmp_path), {**engine_identity(engine), "n_ctx": 4096})
+    with pytest.raises(SlotFileError, match="n_ctx"):
+        other.restore_slot("chat.bin")
+    (tmp_path / "junk.bin").write_bytes(b"not a slot")
+    with pytest.raises(SlotFileError, match="not a dflash-gguf slot file"):
+        cache.restore_slot("junk.bin")
+    with pytest.raises(SlotFileError, match="plain file name"):
+        cache.save_slot("../escape.bin")
+    with pytest.raises(SlotFileError) as e:
+        cache.restore_slot("missing.bin")
+    assert e.value.http_status == 404
+    no_dir = PromptCache(engine, CacheSettings(), engine_identity(engine))
+    with pytest.raises(SlotFileError) as e:
+        no_dir.save_slot("x.bin")
+    assert e.value.http_status == 501
