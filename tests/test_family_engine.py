@@ -230,7 +230,9 @@ def test_engine_decodes_t_above_zero_in_rejection_mode_with_family_drafters(smol
     verify was drawn from the q verification divides by (the walk's q given the token drawn before)."""
     from dflash_gguf.engine.session import Engine
     from dflash_gguf.settings import EngineSettings
-    settings = EngineSettings(target=smollm2, drafter=drafters[kind], n_ctx=512, n_threads=2, adaptive=False)
+    # the drafter's own blocks: lookup steps (hybrid, the default source) verify a point mass, not the walk's q
+    settings = EngineSettings(target=smollm2, drafter=drafters[kind], n_ctx=512, n_threads=2, adaptive=False,
+                              draft_source="dflash")
     engine = Engine(settings)
     assert settings.t_mode == "rejection" and engine.spec.t_mode == "rejection"
     assert "t-mode" not in capsys.readouterr().err
