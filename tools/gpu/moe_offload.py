@@ -27,7 +27,7 @@ def placements(n_layer: int) -> dict[str, list[str]]:
 
 
 def run_once(model: Path, flags: list[str], n_predict: int, threads: int, drafter: Path | None = None) -> dict:
-    how = ["-d", str(drafter)] if drafter else ["--plain"]
+    how = ["-md", str(drafter)] if drafter else ["--plain"]
     cmd = [sys.executable, "-m", "dflash_gguf.cli", "run", "-m", str(model), *how, "--json", "-p", PROMPT,
            "-n", str(n_predict), "-t", str(threads), "-c", "1024", *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True)
