@@ -71,11 +71,11 @@ def test_cpu_dry_run_passes_every_step(tmp_path):
     assert steps["verify8b"]["details"]["generated"]["spec"]["shape"] == "tiny-dense"
     assert set(steps["verify8b"]["details"]["stock"]["ratios"]) == {"1", "2", "3", "4"}
     greedy = rep["greedy_equals_plain"]        # question (f), answered on the CPU here: every prompt matches
-    assert greedy["answer"] is True and greedy["bench_identical_to_plain"]["dflash"] == "1/1"
+    assert greedy["answer"] is True and greedy["bench_identical_to_plain"]["dflash"] == "3/3", greedy   # one prompt per category
     assert greedy["tests"] and set(greedy["tests"].values()) == {"skipped"}
     bench = steps["bench"]["details"]
     assert bench["missing"] == {} and bench["per_category"] == {"code": 1, "math": 1, "chat": 1}
-    assert set(bench["summary"]["all"]) == {"plain", "dflash", "upstream", "ngram"}
+    assert set(bench["summary"]["all"]) == {"plain", "dflash", "lookup", "hybrid", "upstream", "ngram"}
     moe = steps["moe"]["details"]["placements"]
     assert set(moe) == {"all_gpu", "n_cpu_moe", "cpu_moe", "fit"} and all(r["tok_s"] > 0 for r in moe.values())
     assert all(moe[p]["ours"]["tok_s"] > 0 and moe[p]["ours"]["tau"] >= 1 for p in ("n_cpu_moe", "cpu_moe"))
@@ -168,3 +168,12 @@ def test_setup_replaces_bindings_of_another_llama_cpp_python_release(tmp_path):
         pkg.mkdir(parents=True)
         (pkg / "__init__.py").write_text(f'from .llama_cpp import *\n\n__version__ = "{version}"\n')
         assert setup_env.missing_modules(sys.executable, ["llama_cpp", "json"], [str(ROOT), str(pkg.parent)]) == missing
+
+
+def test_greedy_answer_counts_every_arm_but_plain():
+    def results(same: dict) -> dict:
+        summary = {"all": {arm: {"identical_to_plain": v} for arm, v in same.items()}}
+        return {"steps": {"bench": {"details": {"summary": summary}}}}
+    assert check.greedy_equals_plain(results({"plain": None, "dflash": "3/3", "lookup": "3/3"}))["answer"] is True
+    assert check.greedy_equals_plain(results({"plain": None, "dflash": "3/3", "hybrid": "2/3"}))["answer"] is False
+    assert check.greedy_equals_plain(results({"plain": None}))["answer"] is None

@@ -302,7 +302,7 @@ def greedy_equals_plain(results: dict) -> dict:
     tests = ((steps.get("tests") or {}).get("details") or {}).get("outcome") or {}
     greedy = {name: st for name, st in tests.items() if "greedy" in name or "equals_plain" in name}
     bench = ((steps.get("bench") or {}).get("details") or {}).get("summary", {}).get("all", {})
-    same = {b: e.get("identical_to_plain") for b, e in bench.items() if "identical_to_plain" in e}
+    same = {b: e["identical_to_plain"] for b, e in bench.items() if e.get("identical_to_plain") is not None}  # plain: None
     verdicts = [st == "passed" for st in greedy.values() if st != "skipped"] + [
         isinstance(v, str) and v.partition("/")[0] == v.partition("/")[2] for v in same.values()]   # "k/n" prompts
     return {"answer": None if not verdicts else all(verdicts), "tests": greedy, "bench_identical_to_plain": same,
