@@ -64,7 +64,9 @@ def _weights(weight_type: str, n_rows: int, k: int, rng) -> tuple[np.ndarray, np
 
 
 def test_the_best_runnable_variant_is_chosen(kernels):
+    assert kernels.batch_invariant
     runnable = kernels.runnable()
+    assert kernels.batch_invariant                                # trying "none" did not leave it switched off
     assert "avx2" in runnable and "none" in runnable, runnable   # CI machines are x86 with AVX2
     assert kernels.isa == runnable[0] or kernels.isa == "avx2"   # best, or DFLASH_CPU_ISA=avx2
     assert not kernels.set_isa("sse9")
@@ -117,6 +119,7 @@ def test_isa_none_is_ggmls_own_path(native, kernels, weight_type):
     probe.set_weights(0, raw)
     chosen = kernels.isa
     assert kernels.set_isa("none")
+    assert not kernels.batch_invariant
     try:
         for n in (1, 5):
             probe.set_activations(rng.standard_normal((n, 64), dtype=np.float32))
@@ -126,4 +129,37 @@ def test_isa_none_is_ggmls_own_path(native, kernels, weight_type):
             assert np.array_equal(ours, probe.result(n))
     finally:
         kernels.set_isa(chosen)
+    probe.close()
+
+
+UNCOVERED = ["q4_0", "q5_0", "q4_k", "q5_k", "q6_k"]     # tinyBLAS (q4_0, q5_0) or vec_dot (K-quants) in stock ggml
+
+
+@pytest.mark.parametrize("weight_type", UNCOVERED)
+def test_types_our_kernels_do_not_cover_stay_batch_invariant(native, kernels, weight_type):
+    """ggml's tinyBLAS sums in an order that depends on the width; with batch invariance on, these types take
+    vec_dot per (row, column) for every width: column j of a B-column product equals that column alone."""
+    from gguf import GGMLQuantizationType
+    assert kernels.batch_invariant
+    n_rows, k = 40, 512
+    rng = np.random.default_rng(11)
+    probe = MatmulProbe(native, weight_type, [(n_rows, k)], BATCHES)
+    w = rng.standard_normal((n_rows, k), dtype=np.float32)
+    raw = probe.quantize(w)
+    probe.set_weights(0, raw)
+    w_deq = quants.dequantize(raw, GGMLQuantizationType[weight_type.upper()]).astype(np.float64)
+    x = rng.standard_normal((max(BATCHES), k), dtype=np.float32)
+    alone = []
+    for j in range(len(x)):
+        probe.set_activations(x[j:j + 1])
+        probe.compute(1, 2)
+        alone.append(probe.result(1)[0])
+    for n in BATCHES[1:]:
+        probe.set_activations(x[:n])
+        probe.compute(n, 2)
+        out = probe.result(n)
+        assert nmse(out, x[:n].astype(np.float64) @ w_deq.T) <= NMSE_VS_F32
+        for j in range(n):
+            assert np.array_equal(out[j].view(np.uint32), alone[j].view(np.uint32)), \
+                f"{weight_type}: column {j} of B={n} differs from the same column alone"
     probe.close()

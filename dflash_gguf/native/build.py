@@ -66,7 +66,8 @@ def source_inputs(root: Path | None = None) -> SourceInputs:
                          "run the build from a clone of the repository")
     patches = sorted((root / "patches").glob("*.patch"))
     kroot = root / "ggml-kernels"
-    kernels = sorted(p for p in kroot.rglob("*") if p.is_file()) if kroot.is_dir() else []
+    # sources only: a documentation edit neither reaches the tree nor invalidates a build
+    kernels = sorted(p for p in kroot.rglob("*") if p.is_file() and p.suffix != ".md") if kroot.is_dir() else []
     return SourceInputs(patches, kernels, kroot if kroot.is_dir() else None)
 
 

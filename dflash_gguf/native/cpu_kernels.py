@@ -2,7 +2,8 @@
 
 The kernels are compiled for AVX2 and for AVX-512; ggml-cpu picks the best one the CPU runs, or the
 one the environment variable DFLASH_CPU_ISA names. Switching lets an AVX-512 machine run (and test)
-exactly what AVX2-only machines run. "none" sends every product back to ggml's own paths.
+exactly what AVX2-only machines run. "none" sends every product back to ggml's own paths, the ones whose
+summation order depends on the batch width (tinyBLAS, the repacked 4-column gemm) included.
 """
 
 from __future__ import annotations
@@ -20,14 +21,23 @@ class CpuKernels:
         cpu = ctypes.CDLL(str(Path(native.lib_dir) / libname("ggml-cpu")))
         self._get = getattr(cpu, "dflash_cpu_isa", None)
         self._set = getattr(cpu, "dflash_cpu_set_isa", None)
+        self._invariant = getattr(cpu, "dflash_cpu_batch_invariant", None)
         if self._get is not None:
             self._get.argtypes, self._get.restype = [], ctypes.c_char_p
             self._set.argtypes, self._set.restype = [ctypes.c_char_p], ctypes.c_bool
+        if self._invariant is not None:
+            self._invariant.argtypes, self._invariant.restype = [], ctypes.c_bool
 
     @property
     def isa(self) -> str:
         """The variant in use: "avx512", "avx2" or "none" (also for a build without our kernels)."""
         return self._get().decode() if self._get is not None else "none"
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether every weight type multiplies in one summation order for every batch width (our kernels
+        where they cover the type, ggml's width-independent paths elsewhere); off only after "none"."""
+        return bool(self._invariant()) if self._invariant is not None else False
 
     def set_isa(self, isa: str) -> bool:
         """Switch to `isa` ("auto" = the best this CPU runs); False when this CPU cannot run it."""
@@ -37,7 +47,7 @@ class CpuKernels:
 
     def runnable(self) -> list[str]:
         """The variants this CPU runs, best first (the current choice is kept)."""
-        current = self.isa
+        current = "auto" if self.isa == "none" and self.batch_invariant else self.isa   # "none" by default
         out = [isa for isa in ISAS if self.set_isa(isa)]
         self.set_isa(current)
         return out

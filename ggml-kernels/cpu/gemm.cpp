@@ -57,16 +57,24 @@ bool parse(const char * name, Isa & out) {
 }
 
 std::atomic<int> g_isa{ISA_UNSET};
+std::atomic<bool> g_stock{false};   // "none" asked for by name: ggml's own paths everywhere
+
+bool names_none(const char * name) {
+    return name != nullptr && std::strcmp(name, "none") == 0;
+}
 
 Isa current_isa() {
     int isa = g_isa.load(std::memory_order_relaxed);
     if (isa == ISA_UNSET) {
+        const char * requested = std::getenv("DFLASH_CPU_ISA");
         Isa chosen;
-        if (!parse(std::getenv("DFLASH_CPU_ISA"), chosen)) {
+        if (!parse(requested, chosen)) {
             chosen = best_isa();   // an unknown or unsupported request: the best this CPU runs
         }
         int expected = ISA_UNSET;
-        g_isa.compare_exchange_strong(expected, chosen);
+        if (g_isa.compare_exchange_strong(expected, chosen)) {
+            g_stock.store(names_none(requested));
+        }
         isa = g_isa.load(std::memory_order_relaxed);
     }
     return (Isa) isa;
@@ -83,8 +91,15 @@ extern "C" bool dflash_cpu_set_isa(const char * isa) {
     if (!parse(isa, chosen)) {
         return false;
     }
+    current_isa();   // the environment's choice is settled first, so it cannot overwrite this one later
     g_isa.store(chosen);
+    g_stock.store(names_none(isa));
     return true;
+}
+
+extern "C" bool dflash_cpu_batch_invariant(void) {
+    current_isa();
+    return !g_stock.load(std::memory_order_relaxed);
 }
 
 // Every width of a covered type goes to our kernels, one column too: ggml's own paths pick a

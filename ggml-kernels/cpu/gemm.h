@@ -5,7 +5,7 @@
 // every width of a covered type (one column too) to the same kernel family. So the logits of a row of
 // a verify batch equal, bit for bit, those of the same token decoded alone (tests/test_cpu_kernels.py,
 // tests/test_exactness.py). Covered: Q4_1, Q8_0 (quantized activations, tile_gemm.h), F16, F32
-// (float_gemm.cpp). Other types keep ggml's own paths.
+// (float_gemm.cpp). Other types take ggml's width-independent paths (dflash_cpu_batch_invariant).
 //
 // Speed: ggml-cpu multiplies Q4_1 weights by a separate vec_dot per (row, column) pair, decoding each
 // weight block again for every column, and its tinyBLAS path for Q8_0 costs 3-4x a single row already
@@ -42,6 +42,14 @@ bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_
 bool dflash_cpu_gemm_f32_act(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t k,
                              const void * A, size_t a_row_bytes, const float * B, size_t b_row_bytes,
                              float * C, int64_t ldc, int ith, int nth);
+
+// Whether the weight types our kernels do not cover are kept batch invariant too: ggml's vec_dot per
+// (row, column) instead of tinyBLAS and of the tiled K-quant matmul (8 columns and up), and repacked
+// weights (Q4_0, Q4_K, IQ4_NL, ... on AVX2) through gemv for every column instead of the 4-column gemm
+// (patches/0010-cpu-batch-invariant-fallbacks.patch). On
+// unless ggml's own paths were asked for by name (DFLASH_CPU_ISA=none, dflash_cpu_set_isa("none")), on
+// CPUs without our kernels too.
+bool dflash_cpu_batch_invariant(void);
 
 // The instruction-set variant our kernels run with: "avx512", "avx2" or "none" (ggml's own paths).
 // Chosen at first use from the CPU, unless the environment variable DFLASH_CPU_ISA names one
