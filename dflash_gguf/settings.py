@@ -7,10 +7,10 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from .errors import UserError
+from .native import BACKENDS
 
 T_MODES = ("rejection", "match")    # T>0 verification: speculative sampling, or match a target sample
 DRAFT_SOURCES = ("dflash", "lookup", "hybrid")  # the drafter; prompt lookup (no drafter file); both, per step
-BACKENDS = ("cpu", "cuda", "vulkan", "metal")   # native.build.BACKENDS, kept import-free here
 FLASH_ATTN_MODES = ("auto", "on", "off")
 MIN_CTX = 128                        # the verify-cost calibration decodes 64 context tokens + a block
 

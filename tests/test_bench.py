@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from dflash_gguf.bench import upstream
 from dflash_gguf.cli import app
-from engine_helpers import write_random_drafter, write_tiny_llama
+from helpers.engine import write_random_drafter, write_tiny_llama
 
 FAKE_LOG = """llama_model_loader: loaded meta data
 main: encoded   {n_prompt} tokens in    0.010 seconds, speed:  300.000 t/s
