@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, refuse_first
 
 
 @dataclass(frozen=True)
@@ -26,12 +26,9 @@ class BenchOptions:
         """Refuse out-of-range values with the option that sets them (the prompts only where they are read)."""
         if not self.prompts and not cost_curve_only:
             raise UserError("--prompts: give at least one JSONL file (e.g. --prompts code.jsonl math.jsonl)")
-        checks = ((self.n_predict >= 2, "-n", self.n_predict, "must be >= 2 (the first token comes from the prefill)"),
-                  (self.repeat >= 1, "--repeat", self.repeat, "must be >= 1"),
-                  (self.limit is None or self.limit >= 1, "--limit", self.limit, "must be >= 1"))
-        for ok, flag, value, rule in checks:
-            if not ok:
-                raise UserError(f"{flag} {value}: {rule}")
+        refuse_first(((self.n_predict >= 2, "-n", self.n_predict, "must be >= 2 (the first token comes from the prefill)"),
+                      (self.repeat >= 1, "--repeat", self.repeat, "must be >= 1"),
+                      (self.limit is None or self.limit >= 1, "--limit", self.limit, "must be >= 1")))
         return self
 
 
@@ -60,7 +57,11 @@ def run(settings, options: BenchOptions, template_choice=None, *, cost_curve_onl
     try:
         if cost_curve_only:
             curve = engine.measure_cost_curve()
-            return {**_header(engine, settings), "cost_curve": cost_curve_report(engine.drafter.short_blocks, curve)}
+            return {"target": str(engine.target_model.path), "drafter": str(engine.drafter_model.path),
+                    "drafter_member": engine.drafter.member, "threads": settings.n_threads,
+                    "n_gpu_layers": settings.n_gpu_layers, "draft_max": engine.draft_max,
+                    "backend": engine.target_model.native.info.get("backend"),
+                    "cost_curve": cost_curve_report(engine.drafter.short_blocks, curve)}
         return _measure(engine, settings, rows, options, template_choice)
     finally:
         engine.close()
@@ -75,13 +76,6 @@ def cost_curve_report(short_blocks: bool, start, end=None) -> dict:
              if short_blocks and start.t_draft_n and end.t_draft_n else None)
     return {"t_s": cost_t, "t_draft_s": (start.t_draft + end.t_draft) / 2, "t_draft_n_s": per_n,
             "ratios": {b: t / cost_t[1] for b, t in cost_t.items()}, "start": start.to_json(), "end": end.to_json()}
-
-
-def _header(engine, settings) -> dict:
-    return {"target": str(engine.target_model.path), "drafter": str(engine.drafter_model.path),
-            "drafter_member": engine.drafter.member, "threads": settings.n_threads,
-            "n_gpu_layers": settings.n_gpu_layers, "n_ctx": settings.n_ctx, "draft_max": engine.draft_max,
-            "adaptive": settings.adaptive, "backend": engine.target_model.native.info.get("backend")}
 
 
 def _measure(engine, settings, rows, options: BenchOptions, template_choice) -> dict:
@@ -106,14 +100,15 @@ def _measure(engine, settings, rows, options: BenchOptions, template_choice) -> 
             bar.update(1)
         runs, missing = run_bench(engine, bench_prompts, n_predict, chosen, repeat, up, progress)
     cost = cost_curve_report(engine.drafter.short_blocks, start, engine.measure_cost_curve())
-    head = _header(engine, settings)
     report = {
-        **{k: head[k] for k in ("target", "drafter", "drafter_member")},
+        "target": str(engine.target_model.path), "drafter": str(engine.drafter_model.path),
+        "drafter_member": engine.drafter.member,
         "prompt_files": [str(p) for p in options.prompts], "prompts": len(bench_prompts),
         "per_category": {c: sum(p.category == c for p in bench_prompts)
                          for c in dict.fromkeys(p.category for p in bench_prompts)},
-        "n_predict": n_predict, "repeat": repeat, "baselines": chosen,
-        **{k: head[k] for k in ("threads", "n_gpu_layers", "n_ctx", "draft_max", "adaptive", "backend")},
+        "n_predict": n_predict, "repeat": repeat, "baselines": chosen, "threads": settings.n_threads,
+        "n_gpu_layers": settings.n_gpu_layers, "n_ctx": settings.n_ctx, "draft_max": engine.draft_max,
+        "adaptive": settings.adaptive, "backend": engine.target_model.native.info.get("backend"),
         "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} cores)",
         "date": time.strftime("%Y-%m-%d %H:%M"), "missing": missing,
         "load_average": {"before": load_before, "after": os.getloadavg()},

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, refuse_first
 
 DEVICES = ("cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -14,43 +14,44 @@ PRECISIONS = ("auto", "fp32", "bf16")
 
 @dataclass(frozen=True)
 class TrainOptions:
+    """`train`'s options, as the command takes them (its signature holds the defaults)."""
     model: Path
     out: Path
     prompts: list[Path]                 # empty: the shipped prompt set
-    layers: int = 2
-    block_size: int = 8
-    taps: str = "auto"
-    tokens: int | None = 300_000        # 0: every prompt
-    harvest_minutes: float | None = None
-    parallel: int = 8
-    harvest_processes: int = 1
-    rows: int | None = None
-    epochs: float = 2.0
-    max_minutes: float | None = None
-    schedule_minutes: float | None = None
-    lr: float = 8e-4
-    distill: float = 0.0
-    tv: float | None = None             # None: 0.9, or 0 with --distill (resolved())
-    cut_at_first_error: bool = True
-    supervised_slots: int | None = None
-    markov_rank: int = 0
-    confidence_head: bool = False
-    short_blocks: float = 0.0
-    loss_vocab_extra: int | None = None  # None: 2048 on cpu, the whole vocabulary (-1) on cuda (resolved())
-    device: str = "cpu"
-    n_gpu_layers: int | None = None     # None: all with cuda, none on cpu (resolved())
-    precision: str = "auto"
-    outtype: str = "q8_0"
-    data_dir: Path | None = None
-    work_dir: Path | None = None
-    resume: Path | None = None
-    seed: int = 0
-    draft_vocab: int | None = None
-    import_tokens: Path | None = None
-    init_drafter: Path | None = None
-    threads: int = 0
-    chat_template: str | None = None
-    force: bool = False
+    layers: int
+    block_size: int
+    taps: str
+    tokens: int | None                  # 0: every prompt
+    harvest_minutes: float | None
+    parallel: int
+    harvest_processes: int
+    rows: int | None
+    epochs: float
+    max_minutes: float | None
+    schedule_minutes: float | None
+    lr: float
+    distill: float
+    tv: float | None                    # None: 0.9, or 0 with --distill (resolved())
+    cut_at_first_error: bool
+    supervised_slots: int | None
+    markov_rank: int
+    confidence_head: bool
+    short_blocks: float
+    loss_vocab_extra: int | None        # None: 2048 on cpu, the whole vocabulary (-1) on cuda (resolved())
+    device: str
+    n_gpu_layers: int | None            # None: all with cuda, none on cpu (resolved())
+    precision: str
+    outtype: str
+    data_dir: Path | None
+    work_dir: Path | None
+    resume: Path | None
+    seed: int
+    draft_vocab: int | None
+    import_tokens: Path | None
+    init_drafter: Path | None
+    threads: int
+    chat_template: str | None
+    force: bool
 
     def resolved(self) -> "TrainOptions":
         """The defaults that depend on other options, filled in."""
@@ -64,7 +65,7 @@ class TrainOptions:
         """Refuse out-of-range values and options that cannot combine, with the option that sets them.
         Call on resolved() options."""
         o = self
-        checks = (
+        refuse_first((
             (0.0 <= o.distill <= 1.0, "--distill", o.distill, "choose a share between 0 and 1"),
             (0.0 <= o.tv <= 1.0 and o.distill + o.tv <= 1.0, "--tv", o.tv,
              f"choose a share between 0 and 1 that, with --distill {o.distill}, adds up to at most 1"),
@@ -78,10 +79,7 @@ class TrainOptions:
             (o.harvest_processes >= 1, "--harvest-processes", o.harvest_processes, "must be >= 1"),
             (o.device in DEVICES, "--device", o.device, f"use {' or '.join(DEVICES)}"),
             (o.precision in PRECISIONS, "--precision", o.precision, "use auto, fp32 or bf16"),
-        )
-        for ok, flag, value, rule in checks:
-            if not ok:
-                raise UserError(f"{flag}{'' if value is None else f' {value}'}: {rule}")
+        ))
         return self
 
     def check_files(self) -> None:
