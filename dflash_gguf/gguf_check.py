@@ -528,5 +528,6 @@ def refuse_misfit(drafter: str, target: Path, problems: list[str], error: type[U
     """The one "does not fit" error, with every problem and what to do (convert's and the validator's)."""
     if problems:
         raise error(f"{drafter}: does not fit target {target.name}: " + "; ".join(problems)
-                    + f". Use the drafter made for this target, or train one: dflash-gguf train -m {target} -o draft.gguf")
+                    + f". Use the drafter made for this target, or train one: "
+                      f"dflash-gguf train -m {target} -o draft.gguf")
 

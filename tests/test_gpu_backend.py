@@ -23,7 +23,8 @@ from dflash_gguf.engine.policy import DraftLengthPolicy
 from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.target import Target
 from dflash_gguf.native.wrappers import Batch, Context, ContextSettings, Model
-from helpers.engine import OracleDrafter, exact_second_token_marginal, pooled_counts, write_random_drafter, write_tiny_llama
+from helpers.engine import (OracleDrafter, exact_second_token_marginal, pooled_counts, write_random_drafter,
+                            write_tiny_llama)
 from helpers.gpu import ALL_LAYERS, SETTINGS
 
 pytestmark = pytest.mark.gpu

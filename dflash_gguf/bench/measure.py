@@ -26,7 +26,8 @@ class BenchOptions:
         """Refuse out-of-range values with the option that sets them (the prompts only where they are read)."""
         if not self.prompts and not cost_curve_only:
             raise UserError("--prompts: give at least one JSONL file (e.g. --prompts code.jsonl math.jsonl)")
-        refuse_first(((self.n_predict >= 2, "-n", self.n_predict, "must be >= 2 (the first token comes from the prefill)"),
+        refuse_first(((self.n_predict >= 2, "-n", self.n_predict,
+                       "must be >= 2 (the first token comes from the prefill)"),
                       (self.repeat >= 1, "--repeat", self.repeat, "must be >= 1"),
                       (self.limit is None or self.limit >= 1, "--limit", self.limit, "must be >= 1")))
         return self

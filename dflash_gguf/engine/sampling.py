@@ -21,7 +21,8 @@ class Range:
     lo_open: bool = False
 
     def allows(self, v: float) -> bool:
-        return math.isfinite(v) and (v > self.lo if self.lo_open else v >= self.lo) and (self.hi is None or v <= self.hi)
+        above = v > self.lo if self.lo_open else v >= self.lo
+        return math.isfinite(v) and above and (self.hi is None or v <= self.hi)
 
     def describe(self) -> str:
         if self.hi is None:

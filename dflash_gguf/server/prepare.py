@@ -66,5 +66,5 @@ def _job(engine, tokens: list[int], req: Generation, param: str, loop) -> Job:
                          "context_length_exceeded")
     room = n_ctx - len(tokens)
     max_tokens = min(req.max_tokens or room, room)
-    return Job(tokens, max_tokens, checked_sampling(req.sampling), TextStream(engine.target_model.token_bytes, req.stop), loop,
-               cache_prompt=req.cache_prompt)
+    text = TextStream(engine.target_model.token_bytes, req.stop)
+    return Job(tokens, max_tokens, checked_sampling(req.sampling), text, loop, cache_prompt=req.cache_prompt)

@@ -83,9 +83,9 @@ def register(app: typer.Typer) -> None:
     ):
         """Generate training data with the target itself, train the drafter, export a validated GGUF."""
         given = dict(locals())                  # the first statement: exactly the options above
-        from .options import TrainOptions
+        from .options import resolved, validate
         from .run import run
-        record, work = run(TrainOptions(**given).resolved().validate())
+        record, work = run(validate(resolved(given)))
         typer.echo(f"{out}: validation τ estimate {record['val_tau_estimate']:.2f} "
                    f"(slot acceptance {', '.join(f'{x:.2f}' for x in record['val_slot_accept'])}); "
                    f"{record['labelled_rows']:,} labelled rows at {record['rows_per_second']:.0f} rows/s "

@@ -4,13 +4,15 @@ train and export."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 from ..errors import UserError
-from .options import TrainOptions
+from .options import check_files
 
 
-def run(o: TrainOptions) -> tuple[dict, Path]:
-    """The training record of the exported drafter, and the work dir that holds its checkpoint."""
+def run(o: SimpleNamespace) -> tuple[dict, Path]:
+    """The training record of the exported drafter, and the work dir that holds its checkpoint.
+    `o`: the command's options, checked (options.validate)."""
     from ..corpus.prompts import DEFAULT_PROMPTS, load
     from ..engine.session import require_native
     from ..gguf_check import check_target
@@ -25,7 +27,7 @@ def run(o: TrainOptions) -> tuple[dict, Path]:
     check_target(o.model)          # the shared validation, before torch loads or llama.cpp sees the file
     torch = _torch(o.device)
     require_native()
-    o.check_files()
+    check_files(o)
     prompt_files = o.prompts or [DEFAULT_PROMPTS]
     rows_in = [r for p in prompt_files for r in load(p)]
     if not rows_in:
