@@ -17,6 +17,14 @@ class UserError(Exception):
     error_type = "invalid_request_error"
 
 
+def refuse_first(checks) -> None:
+    """Validation as a table of rows (ok, option, value, rule): the first row not ok is one UserError line
+    "option value: rule" ("option: rule" where value is None)."""
+    for ok, option, value, rule in checks:
+        if not ok:
+            raise UserError(f"{option}{'' if value is None else f' {value}'}: {rule}")
+
+
 class RunFailure(UserError):
     """The input passed every check, but running it failed (e.g. llama.cpp refused to load a model)."""
 

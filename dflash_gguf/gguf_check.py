@@ -521,8 +521,13 @@ def check_fits(drafter: GGUFHeader, target: GGUFHeader) -> None:
         int(drafter.value("tokenizer.ggml.mask_token_id")), drafter.n_vocab(),
         int(target.value(f"{t_arch}.embedding_length")), int(target.value(f"{t_arch}.block_count")),
         target.n_vocab() or 0)
+    refuse_misfit(str(drafter.path), target.path, problems)
+
+
+def refuse_misfit(drafter: str, target: Path, problems: list[str], error: type[UserError] = BadModelFile) -> None:
+    """The one "does not fit" error, with every problem and what to do (convert's and the validator's)."""
     if problems:
-        raise BadModelFile(f"{drafter.path}: does not fit target {target.path.name}: " + "; ".join(problems)
-                           + f". Use the drafter made for this target, or train one: "
-                             f"dflash-gguf train -m {target.path} -o draft.gguf")
+        raise error(f"{drafter}: does not fit target {target.name}: " + "; ".join(problems)
+                    + f". Use the drafter made for this target, or train one: "
+                      f"dflash-gguf train -m {target} -o draft.gguf")
 

@@ -6,11 +6,11 @@ import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from .errors import UserError
+from .errors import UserError, refuse_first
+from .native import BACKENDS
 
 T_MODES = ("rejection", "match")    # T>0 verification: speculative sampling, or match a target sample
 DRAFT_SOURCES = ("dflash", "lookup", "hybrid")  # the drafter; prompt lookup (no drafter file); both, per step
-BACKENDS = ("cpu", "cuda", "vulkan", "metal")   # native.build.BACKENDS, kept import-free here
 FLASH_ATTN_MODES = ("auto", "on", "off")
 MIN_CTX = 128                        # the verify-cost calibration decodes 64 context tokens + a block
 
@@ -63,7 +63,7 @@ class EngineSettings:
 
     def validate(self) -> "EngineSettings":
         """Refuse out-of-range values with the option that sets them (CLI flag / DFLASH_GGUF_* variable)."""
-        checks = (
+        refuse_first((
             (self.n_ctx >= MIN_CTX, "-c/--ctx-size", self.n_ctx,
              f"must be >= {MIN_CTX} (the engine measures and drafts in blocks of up to {MIN_CTX // 2} tokens)"),
             (self.n_threads >= 0, "-t/--threads", self.n_threads, "must be >= 0 (0 = all cores)"),
@@ -83,10 +83,7 @@ class EngineSettings:
              f"must be one of {', '.join(BACKENDS)}"),
             (all(x >= 0 for x in self.tensor_split), "-ts/--tensor-split", ",".join(map(str, self.tensor_split)),
              "must be non-negative proportions, e.g. 3,1"),
-        )
-        for ok, option, value, rule in checks:
-            if not ok:
-                raise UserError(f"{option} {value}: {rule}")
+        ))
         return self
 
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from dflash_gguf.bench import upstream
 from dflash_gguf.cli import app
-from engine_helpers import write_random_drafter, write_tiny_llama
+from helpers.engine import write_random_drafter, write_tiny_llama
 
 FAKE_LOG = """llama_model_loader: loaded meta data
 main: encoded   {n_prompt} tokens in    0.010 seconds, speed:  300.000 t/s
@@ -100,6 +100,22 @@ def test_bench_json_png_and_arithmetic(files):
         assert np.isclose(s["efficiency"]["median"], np.median(eff), rtol=1e-9)
         split = s["time_split"]
         assert np.isclose(sum(v["share"] for v in split.values()), 1.0, atol=1e-6)   # python = the rest
+
+
+def test_cost_curve_only(files):
+    """`--cost-curve-only`: the verify cost t(B)/t(1) and the draft cost, no arm run, one line on the terminal."""
+    target, drafter, _, d = files
+    out = d / "curve.json"
+    r = CliRunner().invoke(app, ["bench", "-m", str(target), "-md", str(drafter), "--cost-curve-only", "-t", "2",
+                                 "--draft-max", "3", "--json", str(out)])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    rep = json.loads(out.read_text())
+    assert "runs" not in rep and "summary" not in rep and rep["drafter"] == str(drafter)
+    cc = rep["cost_curve"]
+    t = {int(b): v for b, v in cc["t_s"].items()}
+    assert set(t) >= {1, 2, 4} and max(t) == rep["draft_max"] + 1 and cc["t_draft_s"] > 0
+    assert all(np.isclose(cc["ratios"][str(b)], t[b] / t[1], rtol=1e-12) for b in t)
+    assert "verify cost t(B)/t(1): B1=1.00 " in r.output
 
 
 def _fake_tool(folder, body: str):

@@ -81,7 +81,7 @@ def test_chat_template_option_takes_a_name_or_a_file(tmp_path):
 def test_train_refuses_a_target_without_template_before_harvesting(tmp_path, capsys):
     pytest.importorskip("torch")
     from dflash_gguf.cli import main
-    from engine_helpers import write_tiny_llama
+    from helpers.engine import write_tiny_llama
 
     target = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=4, n_embd=64, text=True, seed=3)
     data = tmp_path / "data"
@@ -106,7 +106,7 @@ def _plain_template(tmp_path: Path) -> Path:
 
 def test_run_chat_takes_the_template_option_and_refuses_a_model_without_any(tmp_path, capsys):
     from dflash_gguf.cli import main
-    from engine_helpers import write_tiny_llama
+    from helpers.engine import write_tiny_llama
 
     target = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=2, n_embd=64, text=True, seed=3)
     argv = ["run", "-m", str(target), "--plain", "--chat", "-p", "t5 t9", "-n", "2", "-t", "1", "--json"]

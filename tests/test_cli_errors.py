@@ -140,7 +140,7 @@ def test_health_names_the_file_when_the_model_fails_to_load_after_start(tmp_path
     from dflash_gguf.engine.session import Engine
     from dflash_gguf.server.commands import _load_engine
     from dflash_gguf.settings import EngineSettings
-    from server_helpers import LiveServer
+    from helpers.server import LiveServer
 
     bad = _no_tensors(tmp_path)
     settings = EngineSettings(target=bad, n_ctx=256, n_threads=1)
@@ -158,7 +158,7 @@ def test_health_names_the_file_when_the_model_fails_to_load_after_start(tmp_path
 
 
 def test_a_drafter_for_another_target_is_refused_before_loading(tmp_path, capsys):
-    from engine_helpers import write_tiny_llama
+    from helpers.engine import write_tiny_llama
     other = write_tiny_llama(tmp_path / "other.gguf", n_vocab=64, n_embd=96, n_layer=2, n_head=4)
     code, line = _fails(capsys, ["run", "-m", str(other), "-md", str(DRAFTER), "-p", "hi"])
     assert code == 2 and f"{DRAFTER}: does not fit target other.gguf: hidden size 576 != target hidden size 96" in line
@@ -181,7 +181,7 @@ def test_loss_options_that_cannot_combine_are_refused_in_one_line(tmp_path, caps
 
 
 def test_a_negative_markov_rank_is_refused_in_one_line(tmp_path, capsys):
-    from engine_helpers import write_tiny_llama
+    from helpers.engine import write_tiny_llama
     target = write_tiny_llama(tmp_path / "t.gguf")
     code, line = _fails(capsys, ["train", "-m", str(target), "-o", str(tmp_path / "d.gguf"), "--markov-rank", "-1"])
     assert code == 2 and line.startswith("error: --markov-rank -1: choose 0 (no Markov head) or a rank of at least 1")

@@ -33,7 +33,7 @@ import httpx
 import pytest
 
 from dflash_gguf.settings import EngineSettings
-from server_helpers import FakeEngine, LiveServer
+from helpers.server import FakeEngine, LiveServer
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")

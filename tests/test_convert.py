@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convert_helpers import config, target, upstream  # noqa: F401  (fixtures)
-from convert_helpers import random_drafter, state_numpy, write_flavoured_gguf, write_zlab_folder
+from helpers.convert import random_drafter, state_numpy, write_flavoured_gguf, write_zlab_folder
 from dflash_gguf.convert.flavours import FLAVOURS, UNSUPPORTED
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
 from dflash_gguf.convert.names import GLOBAL_NAMES, LAYER_NAMES

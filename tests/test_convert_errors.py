@@ -8,15 +8,14 @@ import sys
 import numpy as np
 import pytest
 
-from convert_helpers import config, target, upstream  # noqa: F401  (fixtures)
-from convert_helpers import random_drafter, state_numpy, write_zlab_folder
+from helpers.convert import random_drafter, state_numpy, write_zlab_folder
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
 from dflash_gguf.convert.sources import read_source
 from dflash_gguf.convert.target_info import read_target
 from dflash_gguf.convert.writer import ConvertError, finish, write_dflash_gguf
 from dflash_gguf.drafter.config import DrafterConfig
 from dflash_gguf.errors import UserError
-from engine_helpers import write_tiny_llama
+from helpers.engine import write_tiny_llama
 
 pytest.importorskip("torch")
 
@@ -138,7 +137,7 @@ def test_fork_file_with_two_tensors_for_one_weight(tmp_path, target, upstream):
     refused instead of silently keeping one of them."""
     import gguf
 
-    from convert_helpers import write_flavoured_gguf
+    from helpers.convert import write_flavoured_gguf
     from dflash_gguf.convert.flavours import FLAVOURS
     dd = next(f for f in FLAVOURS if f.name == "dflash-draft")
     src = write_flavoured_gguf(upstream, tmp_path / "dd.gguf", dd)

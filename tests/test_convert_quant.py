@@ -5,14 +5,14 @@ import gguf
 import numpy as np
 import pytest
 
-from convert_helpers import random_drafter, state_numpy
+from helpers.convert import random_drafter, state_numpy
 from dflash_gguf.convert.flavours import FLAVOURS
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
 from dflash_gguf.convert.sources import read_source
 from dflash_gguf.convert.target_info import read_target
 from dflash_gguf.convert.writer import OUTTYPES, write_dflash_gguf
 from dflash_gguf.drafter.config import DrafterConfig
-from engine_helpers import write_tiny_llama
+from helpers.engine import write_tiny_llama
 
 pytest.importorskip("torch")
 # hidden 256: K-quant super-blocks (256) fit the rows, so llama.cpp really uses the K types
@@ -68,7 +68,7 @@ def test_quantized_weights_stay_close(tmp_path, target, tensors):
 
 def test_requantizing_a_foreign_flavour(tmp_path, target, tensors):
     """A Q8_0 dflash-draft (fork) file → upstream Q4_K: dequantized on read, requantized by llama.cpp."""
-    from convert_helpers import write_flavoured_gguf
+    from helpers.convert import write_flavoured_gguf
     q8 = write_dflash_gguf(tensors, CONFIG, target, tmp_path / "q8.gguf", outtype="q8_0")
     fork = write_flavoured_gguf(q8, tmp_path / "fork.gguf", next(f for f in FLAVOURS if f.name == "dflash-draft"))
     src = read_source(str(fork), read_target(target))

@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
-from convert_helpers import write_flavoured_gguf
+from helpers.convert import write_flavoured_gguf
 from dflash_gguf import gguf_check
 from dflash_gguf.convert.flavours import FLAVOURS, detect_flavour, normalize_gguf
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
@@ -18,8 +18,8 @@ from dflash_gguf.convert.sources import read_source
 from dflash_gguf.convert.target_info import read_target
 from dflash_gguf.convert.writer import write_dflash_gguf
 from dflash_gguf.errors import UserError
-from engine_helpers import TINY_DRAFTER, write_tiny_llama
-from family_helpers import dflash2_tensors, dspark_tensors, write_dflash2_folder, write_dspark_folder
+from helpers.engine import TINY_DRAFTER, write_tiny_llama
+from helpers.family import dflash2_tensors, dspark_tensors, write_dflash2_folder, write_dspark_folder
 
 pytest.importorskip("torch")
 CONFIG = TINY_DRAFTER

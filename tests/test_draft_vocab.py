@@ -18,7 +18,7 @@ from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.target import Target
 from dflash_gguf.errors import UserError
 from dflash_gguf.native.wrappers import ContextSettings, Model
-from engine_helpers import assert_same_distribution, exact_second_token_marginal, write_random_drafter, write_tiny_llama
+from helpers.engine import assert_same_distribution, exact_second_token_marginal, write_random_drafter, write_tiny_llama
 
 SETTINGS = ContextSettings(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2)
 

@@ -10,11 +10,11 @@ import gguf
 import numpy as np
 import pytest
 
-from convert_helpers import random_drafter, state_numpy
+from helpers.convert import random_drafter, state_numpy
 from dflash_gguf.convert.writer import write_dflash_gguf
 from dflash_gguf.drafter.config import DrafterConfig
 from dflash_gguf.native.wrappers import Batch, Context, ContextSettings, Model
-from engine_helpers import write_tiny_llama
+from helpers.engine import write_tiny_llama
 
 torch = pytest.importorskip("torch")
 # F32 K/V and no flash attention: CPU flash attention rounds Q/K/V to F16 (~1e-2 logit noise)

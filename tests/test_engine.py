@@ -11,7 +11,7 @@ from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.sources.lookup import LookupSource
 from dflash_gguf.engine.target import ContextOverflow, Target
 from dflash_gguf.native.wrappers import ContextSettings, Model
-from engine_helpers import (OracleDrafter, assert_rollback_keeps_output, assert_same_distribution,
+from helpers.engine import (OracleDrafter, assert_rollback_keeps_output, assert_same_distribution,
                             exact_second_token_marginal, exact_token_marginal, write_random_drafter,
                             write_tiny_llama)
 
@@ -222,7 +222,7 @@ def test_buffered_injection_gives_the_drafter_what_row_by_row_injection_gives(ti
 def test_hybrid_target_rollback_is_lossless(mode):
     """Gated delta-net target: recurrent state rolled back by per-token snapshots (n_rs_seq) or by
     checkpoint + replay; both must reproduce plain greedy decoding."""
-    from engine_helpers import tiny_hybrid_qwen35
+    from helpers.engine import tiny_hybrid_qwen35
     target = Target(Model(tiny_hybrid_qwen35()), SETTINGS, taps=[1, 3], max_verify=8,
                     force_checkpoint=mode == "checkpoint")
     assert target.recurrent and target.rollback_mode.kind == mode
@@ -323,7 +323,7 @@ def test_greedy_equality_on_smollm2(precision):
     21 real prompts x 128 tokens, oracle drafts with every accept/reject pattern: token for token equal
     to plain greedy decoding, no tie allowance (batch-invariant CPU kernels, tests/test_exactness.py)."""
     from dflash_gguf.targets import smollm2
-    from engine_helpers import project_prompts
+    from helpers.engine import project_prompts
     prompts = project_prompts(per_category=7)
     assert len(prompts) >= N_PROMPTS
     model = Model(smollm2(precision))
@@ -353,7 +353,7 @@ def test_every_draft_source_equals_plain_on_smollm2():
 
     from dflash_gguf.engine.session import Engine
     from dflash_gguf.settings import EngineSettings
-    from engine_helpers import project_prompts
+    from helpers.engine import project_prompts
     settings = EngineSettings(n_ctx=1024, n_threads=2, adaptive=False)
     engine = Engine(settings)
     lookup_only = Engine(replace(settings, draft_source="lookup"))

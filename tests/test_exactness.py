@@ -10,7 +10,7 @@ import pytest
 
 from dflash_gguf.engine.target import Target
 from dflash_gguf.native.wrappers import ContextSettings, Model
-from engine_helpers import project_prompts
+from helpers.engine import project_prompts
 
 MAX_B = 16
 

@@ -15,8 +15,8 @@ from dflash_gguf.engine.policy import DraftLengthPolicy
 from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.target import Target
 from dflash_gguf.native.wrappers import ContextSettings, Model
-from engine_helpers import assert_same_distribution, exact_second_token_marginal, exact_token_marginal, project_prompts
-from family_helpers import markov_reference, shipped_family_drafter
+from helpers.engine import assert_same_distribution, exact_second_token_marginal, exact_token_marginal, project_prompts
+from helpers.family import markov_reference, shipped_family_drafter
 
 pytest.importorskip("torch")
 SETTINGS = ContextSettings(n_ctx=1024, n_batch=256, n_ubatch=256, n_threads=2)

@@ -1,6 +1,6 @@
 """DFlash2 and DSpark: the engine's drafts through llama.cpp's `dflash` graph equal the PyTorch reference
 (drafter/torch_ref_family.py, written from z-lab's and DeepSpec's model code) on synthetic checkpoints in the
-published config and tensor layout (tests/family_helpers.py), converted by our converter, F32 and q8_0.
+published config and tensor layout (tests/helpers/family.py), converted by our converter, F32 and q8_0.
 
 Each test injects context features in three rounds and drafts one block after each (the block dropped again
 before the next injection, as the engine does) and compares, per round:
@@ -35,8 +35,8 @@ from dflash_gguf.engine.draft_sources import open_drafter
 from dflash_gguf.engine.dspark import DSparkDrafter as EngineDSpark
 from dflash_gguf.gguf_family import DFLASH2
 from dflash_gguf.native.wrappers import Context, ContextSettings, Model
-from engine_helpers import TINY_DRAFTER, write_tiny_llama
-from family_helpers import dflash2_tensors, dspark_tensors, write_dflash2_folder, write_dspark_folder
+from helpers.engine import TINY_DRAFTER, write_tiny_llama
+from helpers.family import dflash2_tensors, dspark_tensors, write_dflash2_folder, write_dspark_folder
 
 torch = pytest.importorskip("torch")
 from dflash_gguf.drafter.torch_ref_family import DFlash2Drafter, DSparkDrafter, GroupedDynamicCausalConv  # noqa: E402

@@ -4,7 +4,7 @@ import pytest
 
 from dflash_gguf.engine.fit import MIB, ModelSizes, plan_fit, read_sizes
 from dflash_gguf.errors import UserError
-from engine_helpers import write_tiny_llama
+from helpers.engine import write_tiny_llama
 
 
 def _moe(n_layer=4, dense=100 * MIB, experts=400 * MIB, out=50 * MIB, kv=1024):

@@ -25,7 +25,7 @@ import pytest
 
 from dflash_gguf.assets import ASSETS
 from dflash_gguf.gguf_check import BadModelFile, check_drafter, check_target
-from gguf_mutations import Mutation, hparam_mutations, mutations, walk
+from helpers.gguf_mutations import Mutation, hparam_mutations, mutations, walk
 
 SEED = 20260523
 ALWAYS_REFUSED = {"truncation", "huge string lengths", "offsets past the end", "unknown types", "bad values"}

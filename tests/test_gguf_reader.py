@@ -9,7 +9,7 @@ import pytest
 
 from dflash_gguf.gguf_reader import FastGGUFReader
 from dflash_gguf.gguf_check import BadModelFile
-from engine_helpers import write_tiny_llama
+from helpers.engine import write_tiny_llama
 
 
 def _same(path: Path, max_tensors: int | None = None):
@@ -29,7 +29,7 @@ def _same(path: Path, max_tensors: int | None = None):
 
 def test_tiny_target_and_quantized_drafters(tmp_path):
     pytest.importorskip("torch")
-    from convert_helpers import random_drafter, state_numpy
+    from helpers.convert import random_drafter, state_numpy
     from dflash_gguf.convert.writer import write_dflash_gguf
     from dflash_gguf.drafter.config import DrafterConfig
     target = write_tiny_llama(tmp_path / "t.gguf", n_vocab=64, n_embd=256, n_layer=2, n_head=4, n_ff=256)

@@ -23,8 +23,9 @@ from dflash_gguf.engine.policy import DraftLengthPolicy
 from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.target import Target
 from dflash_gguf.native.wrappers import Batch, Context, ContextSettings, Model
-from engine_helpers import OracleDrafter, exact_second_token_marginal, pooled_counts, write_random_drafter, write_tiny_llama
-from gpu_helpers import ALL_LAYERS, SETTINGS, gpu_backend  # noqa: F401 (autouse fixture)
+from helpers.engine import (OracleDrafter, exact_second_token_marginal, pooled_counts, write_random_drafter,
+                            write_tiny_llama)
+from helpers.gpu import ALL_LAYERS, SETTINGS
 
 pytestmark = pytest.mark.gpu
 

@@ -25,8 +25,8 @@ from dflash_gguf.native.lib import capture_log
 from dflash_gguf.native.offload import gpu_free_bytes, moe_overrides, parse_override
 from dflash_gguf.native.wrappers import ContextSettings, Model, TensorOverride
 from dflash_gguf.settings import EngineSettings
-from engine_helpers import OracleDrafter, assert_rollback_keeps_output, write_random_drafter, write_tiny_llama
-from gpu_helpers import ALL_LAYERS, NEAR_TIE, SETTINGS, gpu_backend, near_tie_gap  # noqa: F401 (autouse fixture)
+from helpers.engine import OracleDrafter, assert_rollback_keeps_output, write_random_drafter, write_tiny_llama
+from helpers.gpu import ALL_LAYERS, NEAR_TIE, SETTINGS, near_tie_gap
 
 pytestmark = pytest.mark.gpu
 
@@ -114,7 +114,7 @@ def test_engine_on_device_equals_plain(tiny, adaptive):
 def test_recurrent_rollback_on_device(mode):
     """A gated delta-net hybrid target on the device: recurrent state rolled back by per-token snapshots or by
     checkpoint + replay reproduces plain greedy decoding."""
-    from engine_helpers import tiny_hybrid_qwen35
+    from helpers.engine import tiny_hybrid_qwen35
     target = Target(Model(tiny_hybrid_qwen35(), n_gpu_layers=ALL_LAYERS), SETTINGS, taps=[1, 3], max_verify=8,
                     force_checkpoint=mode == "checkpoint")
     assert target.recurrent and target.rollback_mode.kind == mode

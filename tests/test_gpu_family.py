@@ -15,9 +15,9 @@ from dflash_gguf.engine.loop import SpecDecoder
 from dflash_gguf.engine.policy import DraftLengthPolicy
 from dflash_gguf.engine.target import Target
 from dflash_gguf.native.wrappers import ContextSettings, Model
-from engine_helpers import project_prompts
-from family_helpers import shipped_family_drafter
-from gpu_helpers import ALL_LAYERS, gpu_backend  # noqa: F401 (autouse fixture)
+from helpers.engine import project_prompts
+from helpers.family import shipped_family_drafter
+from helpers.gpu import ALL_LAYERS
 
 pytestmark = pytest.mark.gpu
 SETTINGS = ContextSettings(n_ctx=1024, n_batch=64, n_ubatch=64, n_threads=2)

@@ -6,12 +6,12 @@ import sys
 
 import pytest
 
-from convert_helpers import random_drafter, state_numpy, write_flavoured_gguf
+from helpers.convert import random_drafter, state_numpy, write_flavoured_gguf
 from dflash_gguf.convert.flavours import FLAVOURS
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
 from dflash_gguf.convert.writer import write_dflash_gguf
 from dflash_gguf.errors import UserError
-from engine_helpers import TINY_DRAFTER, write_tiny_llama
+from helpers.engine import TINY_DRAFTER, write_tiny_llama
 
 pytest.importorskip("torch")
 CONFIG = TINY_DRAFTER

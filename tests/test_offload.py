@@ -10,7 +10,7 @@ from dflash_gguf.engine.target import Target
 from dflash_gguf.native.lib import capture_log
 from dflash_gguf.native.offload import OffloadError, moe_overrides, parse_override
 from dflash_gguf.native.wrappers import ContextSettings, Model, TensorOverride
-from engine_helpers import write_tiny_llama
+from helpers.engine import write_tiny_llama
 
 SETTINGS = ContextSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2)
 

@@ -7,7 +7,7 @@ import pytest
 from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.target import WIDE_ROWS
 from dflash_gguf.settings import EngineSettings
-from engine_helpers import tiny_speculative_engine, write_random_drafter
+from helpers.engine import tiny_speculative_engine, write_random_drafter
 
 GREEDY = SamplingParams(temperature=0.0)
 HOT = SamplingParams(temperature=0.8, top_k=20, seed=3)
@@ -129,7 +129,7 @@ def test_token_probs_reread_the_target_and_keep_the_cache_consistent(engine):
 
 def test_hybrid_target_reuses_its_whole_sequence_only(tmp_path):
     from dflash_gguf.engine.session import Engine
-    from engine_helpers import tiny_hybrid_qwen35
+    from helpers.engine import tiny_hybrid_qwen35
     pytest.importorskip("transformers")
     target = tiny_hybrid_qwen35()
     drafter = write_random_drafter(target, tmp_path / "d.gguf", taps=[1, 3], block_size=8, n_head=4, n_head_kv=2,

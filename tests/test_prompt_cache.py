@@ -8,7 +8,7 @@ from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.target import WIDE_ROWS
 from dflash_gguf.server.prompt_cache import CacheSettings, PromptCache, SlotFileError
 from dflash_gguf.server.worker import engine_identity
-from engine_helpers import tiny_speculative_engine
+from helpers.engine import tiny_speculative_engine
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from dflash_gguf.native.build import tool_path
-from engine_helpers import write_tiny_llama
+from helpers.engine import write_tiny_llama
 
 
 def _free_port() -> int:

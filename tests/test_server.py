@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from dflash_gguf.settings import EngineSettings
-from engine_helpers import write_random_drafter
-from server_helpers import TOOLS_TEMPLATE, LiveServer
+from helpers.engine import write_random_drafter
+from helpers.server import TOOLS_TEMPLATE, LiveServer
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")

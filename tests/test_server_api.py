@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from server_helpers import FakeEngine, LiveServer
+from helpers.server import FakeEngine, LiveServer
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")

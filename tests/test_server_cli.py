@@ -16,8 +16,8 @@ from dflash_gguf.cli import app
 from dflash_gguf.errors import UserError
 from dflash_gguf.paths import cache_root
 from dflash_gguf.server.commands import _announce
-from engine_helpers import write_random_drafter, write_tiny_llama
-from server_helpers import free_port
+from helpers.engine import write_random_drafter, write_tiny_llama
+from helpers.server import free_port
 
 pytest.importorskip("uvicorn")
 

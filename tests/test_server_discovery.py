@@ -8,7 +8,7 @@ import pytest
 
 from dflash_gguf.errors import UserError
 from dflash_gguf.server.discovery import drafters_for, resolve_model, scan
-from engine_helpers import write_random_drafter, write_tiny_llama
+from helpers.engine import write_random_drafter, write_tiny_llama
 
 
 @pytest.fixture

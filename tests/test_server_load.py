@@ -10,8 +10,8 @@ import logging
 import pytest
 
 from dflash_gguf.settings import EngineSettings
-from engine_helpers import write_random_drafter, write_tiny_llama
-from server_helpers import LiveServer
+from helpers.engine import write_random_drafter, write_tiny_llama
+from helpers.server import LiveServer
 
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")

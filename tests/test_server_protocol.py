@@ -43,6 +43,24 @@ def test_unsupported_or_invalid_parameters_are_refused_by_name(extra, param):
     assert e.value.param == param and param in str(e.value)
 
 
+@pytest.mark.parametrize("field, flag, value, allowed", [("top_p", "--top-p", 1.5, "must be in (0, 1]"),
+                                                         ("top_p", "--top-p", 0.0, "must be in (0, 1]"),
+                                                         ("min_p", "--min-p", 2.0, "must be in [0, 1]")])
+def test_one_sampling_range_refuses_alike_in_run_and_both_servers(field, flag, value, allowed):
+    """engine/sampling.py's table: run's options, the OpenAI and the llama-server bodies name the same range."""
+    from dflash_gguf.engine.commands import check_sampling_options
+    from dflash_gguf.errors import UserError
+    from dflash_gguf.server.llama_protocol import parse_completion as parse_native
+    for parse in (lambda: parse_chat({"messages": USER, field: value}),
+                  lambda: parse_native({"prompt": "hi", field: value})):
+        with pytest.raises(BadRequest) as e:
+            parse()
+        assert e.value.param == field and str(e.value).startswith(f"{field} {value}: {allowed}")
+    sampling = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, field: value}
+    with pytest.raises(UserError, match=f"^{flag} {value}: " + allowed.replace("(", r"\(").replace("[", r"\[")):
+        check_sampling_options(8, 1.0, seed=None, **sampling)
+
+
 def test_neutral_values_are_accepted():
     parse_chat({"messages": USER, "n": 1, "presence_penalty": 0, "frequency_penalty": 0.0, "repeat_penalty": 1.0,
                 "logprobs": False, "top_logprobs": None, "logit_bias": {}, "response_format": {"type": "text"},

@@ -43,7 +43,7 @@ def _build_tiny_qwen3(root, seed: int) -> None:
     import transformers
     from transformers import AutoTokenizer
 
-    from engine_helpers import convert_hf, smollm2_tokenizer_dir
+    from helpers.engine import convert_hf, smollm2_tokenizer_dir
     tmp = root.with_name(root.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     torch.manual_seed(seed)
@@ -211,7 +211,7 @@ def test_real_model_taps_equal_cb_eval_layer_outputs(which, embd_node):
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    from engine_helpers import write_tiny_llama
+    from helpers.engine import write_tiny_llama
     model = Model(write_tiny_llama(tmp_path_factory.mktemp("llama") / "tiny.gguf", n_layer=2))
     yield model
     model.close()
@@ -246,7 +246,7 @@ def test_bad_row_ranges_raise(tiny_llama):
 
 
 def test_architecture_without_taps_raises_instead_of_aborting(tmp_path):
-    from engine_helpers import write_tiny_llama
+    from helpers.engine import write_tiny_llama
     model = Model(write_tiny_llama(tmp_path / "xverse.gguf", arch="xverse", n_layer=2))
     assert model.arch == "xverse"
     ctx = Context(model, ContextSettings(n_ctx=64, n_batch=16, n_ubatch=16, n_threads=N_THREADS))

@@ -43,7 +43,7 @@ def test_few_steps_lower_loss_and_export_decodes_losslessly(tmp_path):
     from dflash_gguf.train.harvest import HarvestSettings
     from dflash_gguf.train.pipeline import train_drafter
     from dflash_gguf.train.trainer import TrainSettings
-    from engine_helpers import write_tiny_llama
+    from helpers.engine import write_tiny_llama
 
     target = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=4, n_embd=64, text=True, seed=3)
     # completions: the tiny vocabulary has no chat template
@@ -91,7 +91,7 @@ def test_train_command_names_a_resume_folder_without_data(tmp_path):
     from typer.testing import CliRunner
 
     from dflash_gguf.cli import app
-    from engine_helpers import write_tiny_llama
+    from helpers.engine import write_tiny_llama
     target = write_tiny_llama(tmp_path / "t.gguf")      # a valid target: the --resume folder is what is wrong
     res = CliRunner().invoke(app, ["train", "-m", str(target), "-o", str(tmp_path / "d.gguf"),
                                    "--resume", str(tmp_path / "nothing")])

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from arch_helpers import ARCHS, E, write_tiny_target
+from helpers.arch import ARCHS, E, write_tiny_target
 
 pytest.importorskip("torch")
 TAPS = [1, 3]
@@ -20,7 +20,7 @@ PROMPTS = [{"category": "code", "format": "completion", "prompt": f"t{i % 29 + 3
 def _target(arch, tmp_path):
     if arch == "qwen35-hybrid":
         pytest.importorskip("transformers")
-        from engine_helpers import tiny_hybrid_qwen35
+        from helpers.engine import tiny_hybrid_qwen35
         return tiny_hybrid_qwen35()
     return write_tiny_target(tmp_path / f"{arch}.gguf", arch, seed=3)
 

@@ -155,7 +155,7 @@ def test_training_can_stop_at_a_snapshot_and_go_on_under_the_same_schedule(tmp_p
 def test_harvest_multi_turn_topk_and_resume_on_a_tiny_target(tmp_path):
     from dflash_gguf.native.wrappers import Model
     from dflash_gguf.train.harvest import HarvestSettings, harvest
-    from engine_helpers import write_tiny_llama
+    from helpers.engine import write_tiny_llama
     target = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=4, n_embd=64, text=True, seed=3)
     rows = [{"category": "chat", "format": "completion", "prompt": f"t{i % 29 + 3} t{(i * 7) % 29 + 3}"}
             for i in range(12)]                                   # completions: the tiny vocabulary has no template

@@ -100,7 +100,7 @@ def test_the_train_command_with_a_markov_rank_writes_a_dspark_drafter(tmp_path):
 
     from dflash_gguf.cli import app
     from dflash_gguf.convert.inspect_drafter import inspect_drafter
-    from engine_helpers import write_tiny_llama
+    from helpers.engine import write_tiny_llama
     target = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=4, n_embd=64, text=True, seed=3)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"category": "chat", "format": "completion",
@@ -135,7 +135,7 @@ def _tiny_dspark(tmp_path, **settings):
     from dflash_gguf.train.pipeline import drafter_config
     from dflash_gguf.train.target_weights import embedding_and_head
     from dflash_gguf.train.trainer import Trainer, TrainSettings
-    from engine_helpers import write_tiny_llama
+    from helpers.engine import write_tiny_llama
     target = write_tiny_llama(tmp_path / "target.gguf", n_vocab=N_VOCAB, n_embd=H, n_layer=3, seed=4)
     rng = np.random.default_rng(0)
     w = DatasetWriter(tmp_path / "data", {"target": "t.gguf", "taps": TAPS, "n_embd": H, "store_features": True,

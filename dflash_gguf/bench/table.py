@@ -57,12 +57,16 @@ def render(report: dict) -> str:
     if lim and lim.get("median") is not None:
         lines.append(f"dflash, limit from this run's verify+draft times {_num(lim['median'])}, efficiency "
                      f"{_num(overall['dflash']['efficiency_measured']['median'])}")
-    cc = report["cost_curve"]
-    lines.append("verify cost t(B)/t(1): " + " ".join(f"B{b}={r:.2f}" for b, r in cc["ratios"].items())
-                 + f"; t(1) {1000 * cc['t_s'][1]:.2f} ms, draft {1000 * cc['t_draft_s']:.2f} ms"
-                 + (f" (short blocks: {1000 * cc['t_draft_n_s'][min(cc['t_draft_n_s'])]:.2f} ms for "
-                    f"{min(cc['t_draft_n_s'])} token)" if cc.get("t_draft_n_s") else ""))
+    lines.append(cost_curve_line(report["cost_curve"]))
     for b, why in report["missing"].items():
         lines.append(f"missing baseline {b}: {why}")
     lines += [f"warning: {w}" for w in report.get("warnings", [])]
     return "\n".join(lines)
+
+
+def cost_curve_line(cc: dict) -> str:
+    """One line: the verify cost t(B)/t(1) per B, t(1) and the draft call's cost."""
+    return ("verify cost t(B)/t(1): " + " ".join(f"B{b}={r:.2f}" for b, r in cc["ratios"].items())
+            + f"; t(1) {1000 * cc['t_s'][1]:.2f} ms, draft {1000 * cc['t_draft_s']:.2f} ms"
+            + (f" (short blocks: {1000 * cc['t_draft_n_s'][min(cc['t_draft_n_s'])]:.2f} ms for "
+               f"{min(cc['t_draft_n_s'])} token)" if cc.get("t_draft_n_s") else ""))

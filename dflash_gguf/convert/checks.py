@@ -9,7 +9,7 @@ import numpy as np
 from .. import gguf_family
 from ..drafter.config import DrafterConfig
 from ..errors import UserError
-from ..gguf_check import fit_problems as shared_fit_problems
+from ..gguf_check import fit_problems as shared_fit_problems, refuse_misfit
 from .names import hf_tensor_name
 from .normalized import same_model_name
 from .target_info import TargetInfo
@@ -39,10 +39,7 @@ def fit_problems(config: DrafterConfig, target: TargetInfo) -> list[str]:
 
 
 def check_fits(config: DrafterConfig, target: TargetInfo, source: str) -> None:
-    problems = fit_problems(config, target)
-    if problems:
-        raise ConvertError(f"{source} does not fit target {target.path.name}: " + "; ".join(problems)
-                           + ". Use the drafter trained for this target, or train one: dflash-gguf train")
+    refuse_misfit(source, target.path, fit_problems(config, target), ConvertError)
 
 
 def fit_warnings(config: DrafterConfig, target: TargetInfo, trained_for: str | None = None,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Optional
@@ -80,19 +79,20 @@ def register(app: typer.Typer) -> None:
             _print_summary(report)
 
 
+RUN_FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p"}
+
+
 def check_sampling_options(n_predict: int, temp: float, top_k: int, top_p: float, min_p: float,
                            seed: int | None):
     """SamplingParams from run's options, refusing out-of-range values with the flag that set them."""
     from .sampling import SamplingParams
-    checks = ((n_predict >= 1, "-n", n_predict, "must be >= 1 (tokens to generate)"),
-              (temp >= 0 and math.isfinite(temp), "--temp", temp, "must be >= 0 (0 = greedy)"),
-              (top_k >= 0, "--top-k", top_k, "must be >= 0 (0 = off)"),
-              (0 < top_p <= 1, "--top-p", top_p, "must be in (0, 1] (1 = off)"),
-              (0 <= min_p <= 1, "--min-p", min_p, "must be in [0, 1] (0 = off)"))
-    for ok, flag, value, rule in checks:
-        if not ok:
-            raise UserError(f"{flag} {value}: {rule}")
-    return SamplingParams(temp, top_k, top_p, min_p, seed)
+    if n_predict < 1:
+        raise UserError(f"-n {n_predict}: must be >= 1 (tokens to generate)")
+    sampling = SamplingParams(temp, top_k, top_p, min_p, seed)
+    found = sampling.problem(RUN_FLAGS)
+    if found:
+        raise UserError(found[1])
+    return sampling
 
 
 def _prompt_tokens(engine, prompt: str, chat: bool, think: bool | None, template_choice=None) -> list[int]:

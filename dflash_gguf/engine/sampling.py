@@ -6,14 +6,42 @@ exactly one: temperature, then top-k, then top-p, then min-p (llama.cpp's defaul
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 
 @dataclass(frozen=True)
+class Range:
+    """The values one sampling setting accepts: lo <= v (lo < v when lo_open), v <= hi (None: no upper bound)."""
+    lo: float
+    hi: float | None
+    meaning: str                 # the value that turns it off, shown with the range
+    lo_open: bool = False
+
+    def allows(self, v: float) -> bool:
+        above = v > self.lo if self.lo_open else v >= self.lo
+        return math.isfinite(v) and above and (self.hi is None or v <= self.hi)
+
+    def describe(self) -> str:
+        if self.hi is None:
+            return f"must be >= {self.lo:g} ({self.meaning})"
+        return f"must be in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}] ({self.meaning})"
+
+
+# every sampling range, once: `run`'s options, the servers' request fields and the engine check against it
+SAMPLING_RANGES = {
+    "temperature": Range(0, None, "0 = greedy"),
+    "top_k": Range(0, None, "0 = off"),
+    "top_p": Range(0, 1, "1 = off; temperature 0 for greedy decoding", lo_open=True),
+    "min_p": Range(0, 1, "0 = off"),
+}
+
+
+@dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0     # <= 0: greedy
+    temperature: float = 0.0     # 0: greedy
     top_k: int = 0               # 0: off
     top_p: float = 1.0           # 1: off
     min_p: float = 0.0           # 0: off
@@ -23,13 +51,19 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
+    def problem(self, names: dict[str, str] | None = None) -> tuple[str, str] | None:
+        """The first setting outside SAMPLING_RANGES as (field, one-line message naming it as names[field],
+        e.g. a CLI flag, else by its field name); None when all are in range."""
+        for field, allowed in SAMPLING_RANGES.items():
+            value = getattr(self, field)
+            if not allowed.allows(value):
+                return field, f"{(names or {}).get(field, field)} {value}: {allowed.describe()}"
+        return None
+
     def validate(self) -> "SamplingParams":
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        found = self.problem()
+        if found:
+            raise ValueError(found[1])
         return self
 
 

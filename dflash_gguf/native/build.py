@@ -28,13 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..paths import cache_root, repo_root
-from . import cuda_toolchain
+from . import BACKENDS, cuda_toolchain
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 LLAMA_CPP_COMMIT = "0c1e57098"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-BACKENDS = ("cpu", "cuda", "vulkan", "metal")
 KERNELS_DIR_IN_TREE = "ggml-kernels"   # where ggml-kernels/ lands inside the llama.cpp tree
 LIB_TARGETS = ["llama"]
 TOOL_TARGETS = ["llama-server", "llama-speculative-simple", "llama-bench", "ggml-rpc-server"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..engine.sampling import SamplingParams
-from .protocol import BadRequest
+from .protocol import BadRequest, checked_sampling
 
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "n_predict": -1, "seed": -1}
 MAX_N_PROBS = 100
@@ -84,15 +84,11 @@ def parse_completion(body: Any) -> NativeCompletion:
         raise BadRequest("stop must be a list of strings", "stop", "invalid_value")
     temperature = _number(body, "temperature", DEFAULTS["temperature"])
     seed = _int(body, "seed", DEFAULTS["seed"])
-    sampling = SamplingParams(temperature=max(temperature, 0.0), top_k=max(_int(body, "top_k", DEFAULTS["top_k"]), 0),
-                              top_p=_number(body, "top_p", DEFAULTS["top_p"]),
-                              min_p=_number(body, "min_p", DEFAULTS["min_p"]), seed=seed if seed >= 0 else None)
-    if sampling.top_p <= 0:
-        raise BadRequest("top_p must be > 0 (use temperature 0 for greedy decoding)", "top_p", "invalid_value")
-    try:
-        sampling.validate()
-    except ValueError as e:
-        raise BadRequest(str(e), None, "invalid_value") from e
+    # llama.cpp reads a negative temperature as greedy and a negative top_k as off
+    sampling = checked_sampling(SamplingParams(
+        temperature=max(temperature, 0.0), top_k=max(_int(body, "top_k", DEFAULTS["top_k"]), 0),
+        top_p=_number(body, "top_p", DEFAULTS["top_p"]), min_p=_number(body, "min_p", DEFAULTS["min_p"]),
+        seed=seed if seed >= 0 else None))
     _check_samplers(body.get("samplers"), sampling)
     n_probs = _int(body, "n_probs", 0)
     if not 0 <= n_probs <= MAX_N_PROBS:

@@ -7,7 +7,7 @@ import asyncio
 from ..engine.text import TextStream
 from ..textgen.chat import ChatTemplateError, model_template, render_model_chat, supports_thinking
 from .chat_output import THINK_OPEN, OutputSplitter
-from .protocol import BadRequest, ChatRequest, CompletionRequest, Generation
+from .protocol import BadRequest, ChatRequest, CompletionRequest, Generation, checked_sampling
 from .worker import Job
 
 
@@ -66,9 +66,5 @@ def _job(engine, tokens: list[int], req: Generation, param: str, loop) -> Job:
                          "context_length_exceeded")
     room = n_ctx - len(tokens)
     max_tokens = min(req.max_tokens or room, room)
-    try:
-        req.sampling.validate()
-    except ValueError as e:
-        raise BadRequest(str(e), None, "invalid_value") from e
-    return Job(tokens, max_tokens, req.sampling, TextStream(engine.target_model.token_bytes, req.stop), loop,
-               cache_prompt=req.cache_prompt)
+    text = TextStream(engine.target_model.token_bytes, req.stop)
+    return Job(tokens, max_tokens, checked_sampling(req.sampling), text, loop, cache_prompt=req.cache_prompt)

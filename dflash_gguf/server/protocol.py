@@ -43,6 +43,7 @@ NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "response_format": (lambda v: v is None or v == {"type": "text"}, '{"type": "text"}'),
 }
 HARMLESS = {"model", "user"}
+OPENAI_MAX_TEMPERATURE = 2.0          # the OpenAI API's upper bound (the engine has none)
 COMMON = HARMLESS | {"stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "max_tokens", "stop",
                      "seed", "cache_prompt"} | set(NEUTRAL) - {"echo", "suffix", "best_of"}
 CHAT = COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls",
@@ -114,6 +115,14 @@ def _check_fields(body: Any, allowed: set[str]) -> dict:
     return body
 
 
+def checked_sampling(sampling: SamplingParams) -> SamplingParams:
+    """The request's sampling settings, or a 400 naming the first one outside engine/sampling.py's ranges."""
+    found = sampling.problem()
+    if found:
+        raise BadRequest(found[1], found[0], "invalid_value")
+    return sampling
+
+
 def _number(body: dict, key: str, kind: type, lo=None, hi=None, default=None):
     v = body.get(key)
     if v is None:
@@ -143,14 +152,14 @@ def _generation(body: dict, chat: bool) -> Generation:
     max_tokens = _number(body, key, int, -1)
     if max_tokens == 0:
         raise BadRequest(f"{key} must be >= 1 (or -1 for no limit)", key, "invalid_value")
-    top_p = _number(body, "top_p", float, 0.0, 1.0, 1.0)
-    if top_p == 0.0:
-        raise BadRequest("top_p must be > 0 (use temperature 0 for greedy decoding)", "top_p", "invalid_value")
     seed = _number(body, "seed", int)
-    sampling = SamplingParams(temperature=_number(body, "temperature", float, 0.0, 2.0, 1.0),
-                              top_k=_number(body, "top_k", int, 0, None, 0), top_p=top_p,
-                              min_p=_number(body, "min_p", float, 0.0, 1.0, 0.0),
-                              seed=seed if seed is None or seed >= 0 else None)   # -1: random (llama.cpp)
+    sampling = checked_sampling(SamplingParams(
+        temperature=_number(body, "temperature", float, default=1.0), top_k=_number(body, "top_k", int, default=0),
+        top_p=_number(body, "top_p", float, default=1.0), min_p=_number(body, "min_p", float, default=0.0),
+        seed=seed if seed is None or seed >= 0 else None))   # -1: random (llama.cpp)
+    if sampling.temperature > OPENAI_MAX_TEMPERATURE:
+        raise BadRequest(f"temperature {sampling.temperature}: must be in [0, {OPENAI_MAX_TEMPERATURE:g}] (the OpenAI "
+                         "API's range)", "temperature", "invalid_value")
     cache_prompt = body.get("cache_prompt", True)
     if not isinstance(cache_prompt, bool) and cache_prompt is not None:
         raise BadRequest("cache_prompt must be a boolean", "cache_prompt", "invalid_value")

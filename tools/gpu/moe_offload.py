@@ -5,7 +5,7 @@ of the first N layers on the CPU (--n-cpu-moe), all experts on the CPU (--cpu-mo
 Each placement is one `dflash-gguf run --plain --json` process (so each loads the model as a user would),
 repeated --repeat times; the median tok/s and the ratio to all-on-GPU are printed as one JSON object.
 With --ours, the placements that keep experts on the CPU also run speculatively (the default adaptive policy)
-with a random-weight drafter made for the model (tests/engine_helpers.write_random_drafter: it drafts badly, the
+with a random-weight drafter made for the model (tests/helpers/engine.write_random_drafter: it drafts badly, the
 worst case for speculation), and `ours_vs_plain` says whether ours ever fell below plain decoding.
 """
 
@@ -40,7 +40,7 @@ def run_once(model: Path, flags: list[str], n_predict: int, threads: int, drafte
 
 def random_drafter(model: Path) -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "tests"))
-    from engine_helpers import write_random_drafter  # noqa: PLC0415 (a test helper: the GGUF writer of a drafter)
+    from helpers.engine import write_random_drafter  # noqa: PLC0415 (a test helper: the GGUF writer of a drafter)
     out = model.with_name(model.stem + "-random-drafter.gguf")
     if not out.is_file():
         n = n_layers(model)

@@ -6,11 +6,9 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-from dflash_gguf.convert.writer import finish, write_dflash_gguf
+from dflash_gguf.convert.writer import finish
 from dflash_gguf.drafter.config import DrafterConfig
-from engine_helpers import write_tiny_llama
 
 
 def random_drafter(config: DrafterConfig, seed: int = 0):
@@ -108,20 +106,3 @@ def write_flavoured_gguf(upstream: Path, out: Path, flavour, *, with_ids: bool =
     finish(w)
     return out
 
-
-# shared module-scoped fixtures of the convert tests: a tiny target, a drafter config, its upstream GGUF
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return write_tiny_llama(tmp_path_factory.mktemp("t") / "target.gguf", n_vocab=64, n_embd=64, n_layer=3)
-
-
-@pytest.fixture(scope="module")
-def config():
-    return DrafterConfig(hidden_size=64, intermediate_size=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
-                         target_layers=[1, 3], block_size=8, mask_token_id=5, vocab_size=64)
-
-
-@pytest.fixture(scope="module")
-def upstream(tmp_path_factory, target, config):
-    out = tmp_path_factory.mktemp("u") / "upstream.gguf"
-    return write_dflash_gguf(state_numpy(random_drafter(config)), config, target, out, outtype="f32")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from convert_helpers import random_drafter, state_numpy, write_zlab_folder, zlab_config
+from helpers.convert import random_drafter, state_numpy, write_zlab_folder, zlab_config
 from dflash_gguf.drafter.config import DrafterConfig
 
 

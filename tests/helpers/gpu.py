@@ -49,8 +49,3 @@ def near_tie_gap(target, prompt: list[int], ref: list[int], got: list[int]) -> f
     logits = np.array(target.prefill(prompt + ref[:k], None))
     return abs(float(logits[ref[k]]) - float(logits[got[k]]))
 
-
-@pytest.fixture(scope="module", autouse=True)
-def gpu_backend():
-    """Imported by the device test modules: every test there needs a device (or skips / fails)."""
-    return device_or_skip()

@@ -1,0 +1,141 @@
+"""One bench run: load the engine once, time its cost curve before and after, run every arm prompt by prompt,
+and assemble the report (what `--json` writes and table.render prints)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..errors import UserError, refuse_first
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    prompts: list[Path]
+    n_predict: int
+    baselines: list[str]             # the arms, plain first (parse_baselines)
+    repeat: int
+    limit: int | None
+    tools_dir: Path | None           # upstream binaries (None: <lib dir>/tools)
+
+    def validate(self, cost_curve_only: bool = False) -> "BenchOptions":
+        """Refuse out-of-range values with the option that sets them (the prompts only where they are read)."""
+        if not self.prompts and not cost_curve_only:
+            raise UserError("--prompts: give at least one JSONL file (e.g. --prompts code.jsonl math.jsonl)")
+        refuse_first(((self.n_predict >= 2, "-n", self.n_predict,
+                       "must be >= 2 (the first token comes from the prefill)"),
+                      (self.repeat >= 1, "--repeat", self.repeat, "must be >= 1"),
+                      (self.limit is None or self.limit >= 1, "--limit", self.limit, "must be >= 1")))
+        return self
+
+
+def parse_baselines(spec: str) -> list[str]:
+    """--baselines' comma list as the arms to run, in BASELINES order, plain always among them."""
+    from .runner import BASELINES
+    chosen = list(dict.fromkeys(b.strip() for b in spec.split(",") if b.strip()))
+    unknown = [b for b in chosen if b not in BASELINES]
+    if unknown:
+        raise UserError(f"--baselines: unknown {', '.join(unknown)}; choose from {', '.join(BASELINES)}")
+    if "plain" not in chosen:
+        chosen.insert(0, "plain")          # every ratio is against plain decoding of the same file
+    return sorted(chosen, key=BASELINES.index)
+
+
+def run(settings, options: BenchOptions, template_choice=None, *, cost_curve_only: bool = False) -> dict:
+    """The report of one bench run (or, with `cost_curve_only`, of the cost curve alone). Every arm runs on
+    one engine with the drafter loaded (hybrid holds both draft sources); upstream gets our thread count."""
+    from ..engine.session import Engine, check_inputs, require_native
+    from .prompts import read_rows
+    rows = None if cost_curve_only else read_rows(options.prompts, options.limit)
+    settings = replace(settings, n_threads=settings.n_threads or os.cpu_count() or 1, draft_source="hybrid")
+    check_inputs(settings)
+    require_native(settings)
+    engine = Engine(settings)
+    try:
+        if cost_curve_only:
+            curve = engine.measure_cost_curve()
+            return {"target": str(engine.target_model.path), "drafter": str(engine.drafter_model.path),
+                    "drafter_member": engine.drafter.member, "threads": settings.n_threads,
+                    "n_gpu_layers": settings.n_gpu_layers, "draft_max": engine.draft_max,
+                    "backend": engine.target_model.native.info.get("backend"),
+                    "cost_curve": cost_curve_report(engine.drafter.short_blocks, curve)}
+        return _measure(engine, settings, rows, options, template_choice)
+    finally:
+        engine.close()
+
+
+def cost_curve_report(short_blocks: bool, start, end=None) -> dict:
+    """The verify cost t(B), its ratios to t(1) and the draft cost (per draft length where the drafter runs
+    short blocks); with `end`, the mean of two measurements."""
+    end = end or start
+    cost_t = {b: (start.t[b] + end.t[b]) / 2 for b in start.t}
+    per_n = ({n: (start.t_draft_n[n] + end.t_draft_n[n]) / 2 for n in start.t_draft_n}
+             if short_blocks and start.t_draft_n and end.t_draft_n else None)
+    return {"t_s": cost_t, "t_draft_s": (start.t_draft + end.t_draft) / 2, "t_draft_n_s": per_n,
+            "ratios": {b: t / cost_t[1] for b, t in cost_t.items()}, "start": start.to_json(), "end": end.to_json()}
+
+
+def _measure(engine, settings, rows, options: BenchOptions, template_choice) -> dict:
+    """Every arm on every prompt (`options.repeat` times, interleaved), between two cost-curve measurements."""
+    from tqdm import tqdm
+
+    from ..native.offload import software_gpus
+    from .prompts import prepare
+    from .report import summarize
+    from .runner import UpstreamSettings, run_bench
+    from .upstream import tools_dir as default_tools_dir
+
+    chosen, n_predict, repeat = options.baselines, options.n_predict, options.repeat
+    bench_prompts = prepare(rows, engine, template_choice)
+    start = engine.measure_cost_curve()
+    up = UpstreamSettings(options.tools_dir or default_tools_dir(), engine.drafter_model.path, engine.draft_max,
+                          settings.n_threads, settings.n_ctx, settings.n_gpu_layers)
+    load_before = os.getloadavg()
+    with tqdm(total=len(bench_prompts) * len(chosen) * repeat, desc="bench", unit="run", file=sys.stderr) as bar:
+        def progress(label: str) -> None:
+            bar.set_postfix_str(label, refresh=False)
+            bar.update(1)
+        runs, missing = run_bench(engine, bench_prompts, n_predict, chosen, repeat, up, progress)
+    cost = cost_curve_report(engine.drafter.short_blocks, start, engine.measure_cost_curve())
+    report = {
+        "target": str(engine.target_model.path), "drafter": str(engine.drafter_model.path),
+        "drafter_member": engine.drafter.member,
+        "prompt_files": [str(p) for p in options.prompts], "prompts": len(bench_prompts),
+        "per_category": {c: sum(p.category == c for p in bench_prompts)
+                         for c in dict.fromkeys(p.category for p in bench_prompts)},
+        "n_predict": n_predict, "repeat": repeat, "baselines": chosen, "threads": settings.n_threads,
+        "n_gpu_layers": settings.n_gpu_layers, "n_ctx": settings.n_ctx, "draft_max": engine.draft_max,
+        "adaptive": settings.adaptive, "backend": engine.target_model.native.info.get("backend"),
+        "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} cores)",
+        "date": time.strftime("%Y-%m-%d %H:%M"), "missing": missing,
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "upstream_commands": _upstream_commands(up, engine, n_predict, chosen),
+        "warnings": _prompt_mismatches(runs),
+        "cost_curve": cost,
+        "summary": summarize(runs, cost["t_s"], cost["t_draft_n_s"] or cost["t_draft_s"]),
+        "runs": [r.__dict__ for r in runs],
+    }
+    software = software_gpus(engine.target_model.native) if settings.n_gpu_layers else []
+    if software:
+        report["note"] = (f"the device is a CPU emulation ({', '.join(software)}): these timings are not "
+                          "GPU timings; correctness is real")
+    return report
+
+
+def _upstream_commands(up, engine, n: int, chosen: list[str]) -> dict[str, str]:
+    from .upstream import command
+    return {b: " ".join(command(up.tools, b, Path(engine.target_model.path), "PROMPT.txt", n, drafter=up.drafter,
+                                draft_max=up.draft_max, threads=up.threads, n_ctx=up.n_ctx,
+                                n_gpu_layers=up.n_gpu_layers))
+            for b in chosen if b in ("upstream", "ngram")}
+
+
+def _prompt_mismatches(runs) -> list[str]:
+    """Upstream tokenizes the prompt text itself: say where it saw a different token count than we did."""
+    ours = {(r.prompt_id, r.repeat): r.n_prompt for r in runs if r.baseline == "plain"}
+    return sorted({f"{r.baseline} saw {r.n_prompt} prompt tokens for {r.prompt_id}, ours {ours[(r.prompt_id, r.repeat)]}"
+                   for r in runs if (r.prompt_id, r.repeat) in ours and r.n_prompt != ours[(r.prompt_id, r.repeat)]})

@@ -1,0 +1,58 @@
+"""The rules `train`'s options must meet, each once in a table, checked before anything is read (like
+EngineSettings.validate). The options are the command's parameters (train/commands.py: names, types, defaults),
+passed on as one namespace."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from ..errors import UserError, refuse_first
+
+DEVICES = ("cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+def resolved(options: dict) -> SimpleNamespace:
+    """The options with the defaults that depend on other options filled in: --tv (0.9, or 0 with --distill),
+    --loss-vocab-extra (2048 on cpu, the whole vocabulary, -1, on cuda), -ngl (all with cuda, none on cpu)."""
+    o = SimpleNamespace(**options)
+    if o.tv is None:
+        o.tv = 0.9 if o.distill == 0 else 0.0
+    if o.loss_vocab_extra is None:
+        o.loss_vocab_extra = 2048 if o.device == "cpu" else -1
+    if o.n_gpu_layers is None:
+        o.n_gpu_layers = 999 if o.device == "cuda" else 0
+    return o
+
+
+def validate(o: SimpleNamespace) -> SimpleNamespace:
+    """Refuse out-of-range values and options that cannot combine, with the option that sets them."""
+    refuse_first((
+        (0.0 <= o.distill <= 1.0, "--distill", o.distill, "choose a share between 0 and 1"),
+        (0.0 <= o.tv <= 1.0 and o.distill + o.tv <= 1.0, "--tv", o.tv,
+         f"choose a share between 0 and 1 that, with --distill {o.distill}, adds up to at most 1"),
+        (0.0 <= o.short_blocks <= 1.0, "--short-blocks", o.short_blocks, "choose a share between 0 and 1"),
+        (o.supervised_slots is None or 1 <= o.supervised_slots < o.block_size, "--supervised-slots",
+         o.supervised_slots, f"choose 1..{o.block_size - 1} (block size {o.block_size})"),
+        (o.markov_rank >= 0, "--markov-rank", o.markov_rank,
+         "choose 0 (no Markov head) or a rank of at least 1 (e.g. 64; a multiple of 32 keeps W1 in Q8_0)"),
+        (o.markov_rank or not o.confidence_head, "--confidence-head", None,
+         "it reads the Markov head's W1: add --markov-rank R (e.g. 64)"),
+        (o.harvest_processes >= 1, "--harvest-processes", o.harvest_processes, "must be >= 1"),
+        (o.device in DEVICES, "--device", o.device, f"use {' or '.join(DEVICES)}"),
+        (o.precision in PRECISIONS, "--precision", o.precision, "use auto, fp32 or bf16"),
+    ))
+    return o
+
+
+def check_files(o: SimpleNamespace) -> None:
+    """The files the options name exist (and the output is not overwritten unasked)."""
+    if not o.model.is_file():
+        raise UserError(f"-m {o.model}: no such file")
+    if o.resume is not None and not (o.resume / "checkpoint" / "ckpt.pt").is_file():
+        raise UserError(f"--resume {o.resume}: no checkpoint there (expected {o.resume}/checkpoint/ckpt.pt)")
+    for flag, path in (("--init-drafter", o.init_drafter), ("--import-tokens", o.import_tokens)):
+        if path is not None and not path.is_file():
+            raise UserError(f"{flag} {path}: no such file")
+    if o.out.exists() and not o.force:
+        raise UserError(f"{o.out} exists; pass --force to overwrite it")
