@@ -69,9 +69,6 @@ class OracleDrafter(DraftSource):
         self.injected.append((pos0, features.shape[0]))
         self.n_pos = pos0 + features.shape[0]
 
-    def flush(self) -> int:
-        return 0                                      # injects at once
-
     def draft(self, last_token: int, pos: int, n: int, want_logits: bool, pick=None) -> Proposal:
         toks = []
         for i in range(n):

@@ -168,9 +168,7 @@ class Engine:
 
     def _decoder_for(self, speculative: bool, source: str | None = None) -> SpecDecoder:
         """The decoder a generation runs: plain, the settings' draft source, or `source`."""
-        if not speculative:
-            return self.plain
-        return self.spec if source is None else self.decoder(source)
+        return (self.spec if source is None else self.decoder(source)) if speculative else self.plain
 
     def _generate_without_drafter(self, decoder: SpecDecoder, prompt: list[int], max_tokens: int,
                                   sampling: SamplingParams, on_tokens: TokenCallback | None,

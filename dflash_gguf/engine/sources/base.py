@@ -33,29 +33,26 @@ class Proposal:
 
 
 class DraftSource:
-    """A source implements `draft`; the defaults fit a source that reads no target features."""
+    """A source implements `draft`; the defaults fit one that reads no target features."""
 
-    member: str                       # which source this is (a DFlash family member, "lookup")
+    member: str                       # which source this is: a DFlash family member, "lookup"
     block_size: int                   # max tokens per draft call, including the anchor slot
     taps: list[int] = []              # target layer ids whose features `process` expects
 
     def begin(self) -> None:
-        """A new generation starts: forget the last one."""
+        pass
 
     def process(self, features: np.ndarray, pos0: int) -> None:
-        """The features of the kept rows at positions pos0.. (a view the caller reuses: copy what is kept)."""
+        pass
 
-    def flush(self) -> int:
-        """Inject what `process` held back now; returns how many rows that was."""
+    def flush(self) -> int:           # inject what `process` held back now; returns how many rows that was
         return 0
 
     def draft(self, last_token: int, pos: int, n: int, want_logits: bool, pick=None) -> Proposal:
         raise NotImplementedError
 
-    def rate_slots(self) -> bool:
-        """Rate each draft's slots from now on (`Proposal.confidence`); False where the source cannot."""
+    def rate_slots(self) -> bool:     # rate each draft's slots from now on (Proposal.confidence); False: cannot
         return False
 
-    def pos_max(self) -> int | None:
-        """The last position the source holds context for; None where it holds no positions."""
+    def pos_max(self) -> int | None:  # the last position it holds context for; None: it holds no positions
         return None

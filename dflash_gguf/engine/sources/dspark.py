@@ -31,9 +31,9 @@ from .dflash import DFlashSource
 
 
 class NumpyMarkovHead:
-    """A DSpark GGUF's Markov and confidence heads, evaluated here in numpy (the chain's CPU place).
-    W1 [V, R] (rows dequantized when asked for), W2 [columns, R] and its optional scale, from a DSpark GGUF;
-    `columns` are the target ids of W2's rows (the draft vocabulary, `d2t`), None when W2 spans the vocabulary."""
+    """A DSpark GGUF's Markov and confidence heads, run in numpy: W1 [V, R] (rows dequantized when asked for),
+    W2 [columns, R] and its optional scale; `columns` are the target ids of W2's rows (the draft vocabulary,
+    `d2t`), None when W2 spans the vocabulary."""
 
     def __init__(self, path):
         import gguf  # noqa: PLC0415
