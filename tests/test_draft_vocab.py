@@ -11,7 +11,7 @@ from dflash_gguf.convert.flavours import detect_flavour, normalize_gguf
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
 from dflash_gguf.convert.target_info import read_target
 from dflash_gguf.convert.writer import finish, write_dflash_gguf
-from dflash_gguf.engine.drafter import DFlashDrafter
+from dflash_gguf.engine.sources.dflash import DFlashSource
 from dflash_gguf.engine.loop import SpecDecoder
 from dflash_gguf.engine.policy import DraftLengthPolicy
 from dflash_gguf.engine.sampling import SamplingParams
@@ -53,7 +53,7 @@ def files(tmp_path_factory):
 
 
 def _draft_logits(drafter_path: Path, target: Target, feats: np.ndarray) -> np.ndarray:
-    drafter = DFlashDrafter(Model(drafter_path), target.ctx, SETTINGS, target.model)
+    drafter = DFlashSource(Model(drafter_path), target.ctx, SETTINGS, target.model)
     drafter.begin()
     drafter.process(feats, 0)
     logits = drafter.draft(5, feats.shape[0], 7, want_logits=True).logits
@@ -75,7 +75,7 @@ def test_reduced_logits_equal_the_full_head_on_its_tokens(files):
 def test_greedy_with_reduced_vocab_matches_plain(files):
     target_path, _, reduced, ids = files
     target = Target(Model(target_path), SETTINGS, taps=[1, 2], max_verify=8)
-    drafter = DFlashDrafter(Model(reduced), target.ctx, SETTINGS, target.model)
+    drafter = DFlashSource(Model(reduced), target.ctx, SETTINGS, target.model)
     spec = SpecDecoder(target, drafter, DraftLengthPolicy(7, adaptive=False))
     spec.debug_check_positions = True
     plain = SpecDecoder(target, None, DraftLengthPolicy(1, adaptive=False))
@@ -129,7 +129,7 @@ def test_sampling_with_reduced_vocab_equals_plain(tmp_path):
                                 head_dim=16, n_ff=64, seed=11)
     reduced = _reduced(target_path, full, tmp_path / "reduced.gguf", [2, 3, 5, 7, 8, 12])
     target = Target(Model(target_path), SETTINGS, taps=[1], max_verify=4)
-    drafter = DFlashDrafter(Model(reduced), target.ctx, SETTINGS, target.model)
+    drafter = DFlashSource(Model(reduced), target.ctx, SETTINGS, target.model)
     sampling = SamplingParams(temperature=1.0, top_k=12)
     prompt = [1, 4, 9, 6]
     expected = exact_second_token_marginal(target, prompt, sampling)

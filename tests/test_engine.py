@@ -4,7 +4,7 @@ T>0 output is distributed exactly like plain sampling. Runs every accept/reject/
 import numpy as np
 import pytest
 
-from dflash_gguf.engine.drafter import DFlashDrafter
+from dflash_gguf.engine.sources.dflash import DFlashSource
 from dflash_gguf.engine.loop import SpecDecoder
 from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy
 from dflash_gguf.engine.sampling import SamplingParams
@@ -69,7 +69,7 @@ def test_greedy_with_dflash_drafter_matches_plain(tiny_target, tmp_path, short_b
     draft_path = write_random_drafter(tiny_target.model.path, tmp_path / "draft.gguf", taps=[1, 2], block_size=8,
                                       n_head=4, n_head_kv=2, head_dim=16, n_ff=64, seed=3)
     dm = Model(draft_path)
-    drafter = DFlashDrafter(dm, tiny_target.ctx, SETTINGS, tiny_target.model)
+    drafter = DFlashSource(dm, tiny_target.ctx, SETTINGS, tiny_target.model)
     drafter.short_blocks = short_blocks            # n+1 rows per draft instead of the whole block
     spec = SpecDecoder(tiny_target, drafter, DraftLengthPolicy(draft_max, adaptive=False))
     spec.debug_check_positions = True
@@ -101,7 +101,7 @@ def test_greedy_with_lookup_and_hybrid_sources_matches_plain(tiny_target, tmp_pa
     if source == "hybrid":
         draft_path = write_random_drafter(tiny_target.model.path, tmp_path / "draft.gguf", taps=[1, 2], block_size=8,
                                           n_head=4, n_head_kv=2, head_dim=16, n_ff=64, seed=3)
-        drafter = DFlashDrafter(Model(draft_path), tiny_target.ctx, SETTINGS, tiny_target.model)
+        drafter = DFlashSource(Model(draft_path), tiny_target.ctx, SETTINGS, tiny_target.model)
     cost = CostCurve({1: 1.0, 2: 1.1, 4: 1.4, 8: 2.2}, t_draft=0.2, t_cold={2: 1.3, 4: 1.6, 8: 2.5})
     policy_class = _AlwaysDrafter if combine == "override" else DraftLengthPolicy
     spec = SpecDecoder(tiny_target, drafter, policy_class(7, adaptive=adaptive, cost=cost if adaptive else None),
@@ -125,7 +125,7 @@ def test_greedy_with_lookup_and_hybrid_sources_matches_plain(tiny_target, tmp_pa
 def test_draft_window_bounds_drafter_kv_and_stays_lossless(tiny_target, tmp_path):
     draft_path = write_random_drafter(tiny_target.model.path, tmp_path / "draft.gguf", taps=[1, 2], block_size=8,
                                       n_head=4, n_head_kv=2, head_dim=16, n_ff=64, seed=4)
-    drafter = DFlashDrafter(Model(draft_path), tiny_target.ctx, SETTINGS, tiny_target.model, window=48)
+    drafter = DFlashSource(Model(draft_path), tiny_target.ctx, SETTINGS, tiny_target.model, window=48)
     spec = SpecDecoder(tiny_target, drafter, DraftLengthPolicy(7, adaptive=False))
     spec.debug_check_positions = True
     plain = SpecDecoder(tiny_target, None, DraftLengthPolicy(1, adaptive=False))
@@ -136,7 +136,7 @@ def test_draft_window_bounds_drafter_kv_and_stays_lossless(tiny_target, tmp_path
     drafter.close()
 
 
-def _count_decodes(drafter: DFlashDrafter) -> list[tuple[str, int]]:
+def _count_decodes(drafter: DFlashSource) -> list[tuple[str, int]]:
     """Record (what, rows) of every decode the drafter's context runs from now on."""
     calls, decode = [], drafter.ctx.decode
     drafter.ctx.decode = lambda batch, what="decode": (calls.append((what, batch.n_tokens)), decode(batch, what))[1]
@@ -148,7 +148,7 @@ def test_fallback_steps_neither_draft_nor_inject_row_by_row(tiny_target, tmp_pat
     a full ubatch of rows is pending or a draft needs them; the output equals plain decoding."""
     draft_path = write_random_drafter(tiny_target.model.path, tmp_path / "draft.gguf", taps=[1, 2], block_size=8,
                                       n_head=4, n_head_kv=2, head_dim=16, n_ff=64, seed=6)
-    drafter = DFlashDrafter(Model(draft_path), tiny_target.ctx, SETTINGS, tiny_target.model)
+    drafter = DFlashSource(Model(draft_path), tiny_target.ctx, SETTINGS, tiny_target.model)
     calls = _count_decodes(drafter)
     never = DraftLengthPolicy(7, cost=CostCurve({1: 1.0, 8: 1.0}, t_draft=1e9), probe_every=1 << 30)
     spec = SpecDecoder(tiny_target, drafter, never)
@@ -171,7 +171,7 @@ def test_a_draft_is_priced_without_a_plain_streaks_backlog_but_with_a_steps_kept
     import time
     draft_path = write_random_drafter(tiny_target.model.path, tmp_path / "draft.gguf", taps=[1, 2], block_size=8,
                                       n_head=4, n_head_kv=2, head_dim=16, n_ff=64, seed=8)
-    drafter = DFlashDrafter(Model(draft_path), tiny_target.ctx, SETTINGS, tiny_target.model)
+    drafter = DFlashSource(Model(draft_path), tiny_target.ctx, SETTINGS, tiny_target.model)
     flush = drafter.flush
     drafter.flush = lambda: (time.sleep(0.2) if drafter._n_pending else None, flush())[1]
     prompt = _prompts(tiny_target.model.n_vocab, 1)[0]
@@ -195,7 +195,7 @@ def test_buffered_injection_gives_the_drafter_what_row_by_row_injection_gives(ti
     decode each: bit-identical draft logits (the CPU kernels are batch-invariant)."""
     draft_path = write_random_drafter(tiny_target.model.path, tmp_path / "draft.gguf", taps=[1, 2], block_size=8,
                                       n_head=4, n_head_kv=2, head_dim=16, n_ff=64, seed=7)
-    drafter = DFlashDrafter(Model(draft_path), tiny_target.ctx, SETTINGS, tiny_target.model)
+    drafter = DFlashSource(Model(draft_path), tiny_target.ctx, SETTINGS, tiny_target.model)
     width = 2 * tiny_target.model.n_embd
     rows = np.random.default_rng(3).standard_normal((150, width)).astype(np.float32)   # [rows, n_taps*n_embd]
     stops = (20, 37, 90, 150)                      # a draft after each; 90 and 150 cross a full ubatch of 64
@@ -237,7 +237,7 @@ def test_long_prompt_injects_in_ubatch_chunks(tiny_target, tmp_path):
                                       n_head=4, n_head_kv=2, head_dim=16, n_ff=64, seed=5)
     big = ContextSettings(n_ctx=512, n_batch=256, n_ubatch=256, n_threads=2)
     target = Target(tiny_target.model, big, taps=[1, 2], max_verify=8)
-    drafter = DFlashDrafter(Model(draft_path), target.ctx, big, tiny_target.model)
+    drafter = DFlashSource(Model(draft_path), target.ctx, big, tiny_target.model)
     spec = SpecDecoder(target, drafter, DraftLengthPolicy(7, adaptive=False))
     spec.debug_check_positions = True
     plain = SpecDecoder(target, None, DraftLengthPolicy(1, adaptive=False))

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dflash_gguf.engine.dflash2 import DFlash2Drafter
-from dflash_gguf.engine.draft_sources import open_drafter
-from dflash_gguf.engine.dspark import DSparkDrafter
+from dflash_gguf.engine.sources.dflash2 import DFlash2Source
+from dflash_gguf.engine.sources import open_drafter
+from dflash_gguf.engine.sources.dspark import DSparkSource
 from dflash_gguf.engine.loop import SpecDecoder
 from dflash_gguf.engine.policy import DraftLengthPolicy
 from dflash_gguf.engine.sampling import SamplingParams
@@ -22,9 +22,9 @@ pytest.importorskip("torch")
 SETTINGS = ContextSettings(n_ctx=1024, n_batch=256, n_ubatch=256, n_threads=2)
 # kind: (member, sample_from_anchor, draft source class, where DSpark's chain runs: None = the engine's choice,
 # here on the CPU in numpy; True = in llama.cpp's graph, as on an offloaded drafter)
-KINDS = {"dflash2": ("DFlash2", False, DFlash2Drafter, None), "dspark": ("DSpark", False, DSparkDrafter, None),
-         "dspark-anchor-first": ("DSpark", True, DSparkDrafter, None),
-         "dspark-in-graph": ("DSpark", False, DSparkDrafter, True)}
+KINDS = {"dflash2": ("DFlash2", False, DFlash2Source, None), "dspark": ("DSpark", False, DSparkSource, None),
+         "dspark-anchor-first": ("DSpark", True, DSparkSource, None),
+         "dspark-in-graph": ("DSpark", False, DSparkSource, True)}
 
 
 def _never_stop(_token: int) -> bool:
@@ -51,7 +51,7 @@ def _open(drafters, kind, target):
     in_graph = KINDS[kind][3]
     if in_graph is None:
         return open_drafter(Model(drafters[kind]), target.ctx, SETTINGS, target.model)
-    return DSparkDrafter(Model(drafters[kind]), target.ctx, SETTINGS, target.model, markov_in_graph=in_graph)
+    return DSparkSource(Model(drafters[kind]), target.ctx, SETTINGS, target.model, markov_in_graph=in_graph)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_greedy_equals_plain_on_smollm2(target, drafters, kind):
     member, _, cls, in_graph = KINDS[kind]
     drafter = _open(drafters, kind, target)
     assert type(drafter) is cls
-    if cls is DSparkDrafter:
+    if cls is DSparkSource:
         assert (drafter.markov is None) == bool(in_graph)      # on the CPU the engine chains in numpy
     plain = SpecDecoder(target, None, DraftLengthPolicy(1, adaptive=False))
     spec = SpecDecoder(target, drafter, DraftLengthPolicy(7, adaptive=False))
@@ -111,7 +111,7 @@ def _record_blocks(spec: SpecDecoder) -> list[dict]:
         state = rng.bit_generator.state
         proposal = draft(last, pos, n, sampling, rng)
         d = spec.drafter
-        if isinstance(d, DFlash2Drafter):
+        if isinstance(d, DFlash2Source):
             readout = d.lattice(n + 1)
         else:
             first = 0 if d.anchor_first else 1
@@ -133,7 +133,7 @@ def _assert_drawn_from_verified_q(blocks: list[dict], drafter, sampling: Samplin
     first slot; DSpark: the backbone's logits of that slot plus the Markov bias of the token drawn before, read
     from the GGUF by gguf-py, or the in-graph chain's logits), and each draft token is the inverse-CDF draw of
     that q at the uniform the generator gave for it (replayed from the recorded state)."""
-    walk = isinstance(drafter, DFlash2Drafter)
+    walk = isinstance(drafter, DFlash2Source)
     markov = None if walk or drafter.markov is None else markov_reference(drafter.model.path)
     slots = after_other_pred = 0
     for block in blocks:
@@ -250,7 +250,7 @@ def test_confidences_are_the_same_from_the_graph_and_from_the_numpy_chain(target
     prompt = target.model.tokenize("The capital of France is", add_special=False)
     got = {}
     for in_graph in (True, False):
-        d = DSparkDrafter(Model(drafters["dspark"]), target.ctx, SETTINGS, target.model, markov_in_graph=in_graph)
+        d = DSparkSource(Model(drafters["dspark"]), target.ctx, SETTINGS, target.model, markov_in_graph=in_graph)
         assert d.rate_slots()
         target.reset()
         d.begin()
@@ -266,7 +266,7 @@ def test_confidences_are_the_same_from_the_graph_and_from_the_numpy_chain(target
 def test_greedy_equals_plain_when_confidences_trim_the_blocks(target, drafters):
     """The adaptive policy verifies only the slots the confidence head rates worth their rows: output unchanged."""
     from dflash_gguf.engine.policy import CostCurve
-    drafter = DSparkDrafter(Model(drafters["dspark"]), target.ctx, SETTINGS, target.model)
+    drafter = DSparkSource(Model(drafters["dspark"]), target.ctx, SETTINGS, target.model)
     assert drafter.markov is not None and drafter.rate_slots()
     plain = SpecDecoder(target, None, DraftLengthPolicy(1, adaptive=False))
     # a flat verify cost: the grown drafter's random head rates these prompts' slots low enough that a steep

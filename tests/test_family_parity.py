@@ -31,8 +31,8 @@ from dflash_gguf.convert.names import gguf_tensor_name
 from dflash_gguf.convert.sources import read_source
 from dflash_gguf.convert.target_info import read_target
 from dflash_gguf.convert.writer import write_dflash_gguf
-from dflash_gguf.engine.draft_sources import open_drafter
-from dflash_gguf.engine.dspark import DSparkDrafter as EngineDSpark
+from dflash_gguf.engine.sources import open_drafter
+from dflash_gguf.engine.sources.dspark import DSparkSource
 from dflash_gguf.gguf_family import DFLASH2
 from dflash_gguf.native.wrappers import Context, ContextSettings, Model
 from helpers.engine import TINY_DRAFTER, write_tiny_llama
@@ -143,8 +143,8 @@ def _engine_drafts(target, drafter_path, feats, n, *, confidence=False, markov_i
         dm = st.enter_context(closing(Model(drafter_path)))
         tc = st.enter_context(closing(Context(tm, EXACT)))
         drafter = st.enter_context(closing(open_drafter(dm, tc, EXACT, tm) if markov_in_graph is None else
-                                           EngineDSpark(dm, tc, EXACT, tm, markov_in_graph=markov_in_graph)))
-        dspark = isinstance(drafter, EngineDSpark)
+                                           DSparkSource(dm, tc, EXACT, tm, markov_in_graph=markov_in_graph)))
+        dspark = isinstance(drafter, DSparkSource)
         if confidence:
             drafter.ctx.enable_nextn()
         rows, done = drafter.block_size, 0

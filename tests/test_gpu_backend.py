@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dflash_gguf.engine.drafter import DFlashDrafter
+from dflash_gguf.engine.sources.dflash import DFlashSource
 from dflash_gguf.engine.loop import SpecDecoder
 from dflash_gguf.engine.policy import DraftLengthPolicy
 from dflash_gguf.engine.sampling import SamplingParams
@@ -106,7 +106,7 @@ def test_greedy_speculative_equals_plain_on_device(tmp_path, dtype):
     # a DFlash drafter on the GPU too: features injected from the GPU target, rollback on both
     draft = write_random_drafter(path, tmp_path / "draft.gguf", taps=[1, 2], block_size=8, n_head=4, n_head_kv=2,
                                  head_dim=16, n_ff=64, seed=3)
-    drafter = DFlashDrafter(Model(draft, n_gpu_layers=ALL_LAYERS), target.ctx, SETTINGS, target.model)
+    drafter = DFlashSource(Model(draft, n_gpu_layers=ALL_LAYERS), target.ctx, SETTINGS, target.model)
     spec = SpecDecoder(target, drafter, DraftLengthPolicy(7, adaptive=False))
     spec.debug_check_positions = True
     for prompt in _prompts(target.model.n_vocab, 4):

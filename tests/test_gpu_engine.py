@@ -16,7 +16,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dflash_gguf.engine.drafter import DFlashDrafter
+from dflash_gguf.engine.sources.dflash import DFlashSource
 from dflash_gguf.engine.loop import SpecDecoder
 from dflash_gguf.engine.policy import DraftLengthPolicy
 from dflash_gguf.engine.session import Engine
@@ -73,7 +73,7 @@ def test_greedy_equals_plain_for_every_placement(tiny, n_gpu_layers, drafter_on)
     plain = SpecDecoder(target, None, DraftLengthPolicy(1, adaptive=False))
     # the drafter's layers on the CPU (-ngld 0); it still reads the target's output head where that lives
     draft_model = Model(drafter_path, n_gpu_layers=ALL_LAYERS if drafter_on == "device" else 0)
-    drafter = DFlashDrafter(draft_model, target.ctx, SETTINGS, target.model)
+    drafter = DFlashSource(draft_model, target.ctx, SETTINGS, target.model)
     accepted = rejected = ties = 0
     for i, prompt in enumerate(_prompts(target.model.n_vocab, 5)):
         ref = _greedy(plain, prompt, 48).tokens
@@ -203,7 +203,7 @@ def test_graph_splits_and_cpu_fallbacks(tiny, record_property):
     os.environ["GGML_SCHED_DEBUG"] = "2"        # read whenever a context (re)creates its scheduler
     try:
         target = Target(Model(target_path, n_gpu_layers=ALL_LAYERS), SETTINGS, taps=[1, 2], max_verify=8)
-        drafter = DFlashDrafter(Model(drafter_path, n_gpu_layers=ALL_LAYERS), target.ctx, SETTINGS, target.model)
+        drafter = DFlashSource(Model(drafter_path, n_gpu_layers=ALL_LAYERS), target.ctx, SETTINGS, target.model)
         drafter.begin()
         target.prefill([1, 5, 9, 13], drafter.process)
         with capture_log() as draft_log:
@@ -246,7 +246,7 @@ def test_tau_with_the_drafter_on_the_device_matches_the_cpu():
     for where, ngl in (("cpu", 0), ("device", ALL_LAYERS)):
         draft_model = Model(shipped_drafter_for(target_path), n_gpu_layers=ngl)
         target.ctx.set_taps(draft_model.target_layer_ids())
-        drafter = DFlashDrafter(draft_model, target.ctx, settings, target_model)
+        drafter = DFlashSource(draft_model, target.ctx, settings, target_model)
         spec = SpecDecoder(target, drafter, DraftLengthPolicy(7, adaptive=False))
         emitted = calls = 0
         for prompt, ref in zip(prompts, refs):

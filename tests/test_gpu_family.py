@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_gguf.engine.dflash2 import DFlash2Drafter
-from dflash_gguf.engine.draft_sources import open_drafter
-from dflash_gguf.engine.dspark import DSparkDrafter
+from dflash_gguf.engine.sources.dflash2 import DFlash2Source
+from dflash_gguf.engine.sources import open_drafter
+from dflash_gguf.engine.sources.dspark import DSparkSource
 from dflash_gguf.engine.loop import SpecDecoder
 from dflash_gguf.engine.policy import DraftLengthPolicy
 from dflash_gguf.engine.target import Target
@@ -21,7 +21,7 @@ from helpers.gpu import ALL_LAYERS
 
 pytestmark = pytest.mark.gpu
 SETTINGS = ContextSettings(n_ctx=1024, n_batch=64, n_ubatch=64, n_threads=2)
-MEMBERS = {"DFlash2": DFlash2Drafter, "DSpark": DSparkDrafter}
+MEMBERS = {"DFlash2": DFlash2Source, "DSpark": DSparkSource}
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ def test_no_evaluation_prompt_in_training_prompts():
 @pytest.mark.slow
 def test_few_steps_lower_loss_and_export_decodes_losslessly(tmp_path):
     torch = pytest.importorskip("torch")  # noqa: F841
-    from dflash_gguf.engine.drafter import DFlashDrafter
+    from dflash_gguf.engine.sources.dflash import DFlashSource
     from dflash_gguf.engine.loop import SpecDecoder
     from dflash_gguf.engine.policy import DraftLengthPolicy
     from dflash_gguf.engine.target import Target
@@ -67,7 +67,7 @@ def test_few_steps_lower_loss_and_export_decodes_losslessly(tmp_path):
     assert dm.meta("dflash_gguf.train.steps") == str(record["steps"]) and dm.target_layer_ids() == [1, 3]
     cs = ContextSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2)
     tgt = Target(tm, cs, taps=[1, 3], max_verify=4)
-    spec = SpecDecoder(tgt, DFlashDrafter(dm, tgt.ctx, cs, tm), DraftLengthPolicy(3, adaptive=False))
+    spec = SpecDecoder(tgt, DFlashSource(dm, tgt.ctx, cs, tm), DraftLengthPolicy(3, adaptive=False))
     spec.debug_check_positions = True
     plain = SpecDecoder(tgt, None, DraftLengthPolicy(1, adaptive=False))
     prompt = tm.tokenize("t5 t9 t11", add_special=True)

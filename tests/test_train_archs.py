@@ -29,7 +29,7 @@ def _target(arch, tmp_path):
 @pytest.mark.parametrize("arch", [*ARCHS, "qwen35-hybrid"])
 def test_a_tiny_target_of_each_architecture_trains_exports_and_decodes_losslessly(arch, tmp_path):
     from dflash_gguf.convert.target_info import read_target
-    from dflash_gguf.engine.drafter import DFlashDrafter
+    from dflash_gguf.engine.sources.dflash import DFlashSource
     from dflash_gguf.engine.loop import SpecDecoder
     from dflash_gguf.engine.policy import DraftLengthPolicy
     from dflash_gguf.engine.target import Target
@@ -59,7 +59,7 @@ def test_a_tiny_target_of_each_architecture_trains_exports_and_decodes_losslessl
     assert (float(scale) == pytest.approx(E ** 0.5)) if gemma else scale is None
     cs = ContextSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
     tgt = Target(tm, cs, taps=TAPS, max_verify=4)
-    spec = SpecDecoder(tgt, DFlashDrafter(dm, tgt.ctx, cs, tm), DraftLengthPolicy(3, adaptive=False))
+    spec = SpecDecoder(tgt, DFlashSource(dm, tgt.ctx, cs, tm), DraftLengthPolicy(3, adaptive=False))
     plain = SpecDecoder(tgt, None, DraftLengthPolicy(1, adaptive=False))
     for text in ("t5 t9 t11", "t21 t4"):
         prompt = tm.tokenize(text, add_special=True)

@@ -176,8 +176,8 @@ def _export(tmp_path, target, tr, vocab, outtype):
 
 def test_a_trained_markov_drafter_validates_opens_as_dspark_and_decodes_like_plain_greedy(tmp_path, dspark):
     from dflash_gguf.convert.inspect_drafter import inspect_drafter
-    from dflash_gguf.engine.draft_sources import open_drafter
-    from dflash_gguf.engine.dspark import DSparkDrafter
+    from dflash_gguf.engine.sources import open_drafter
+    from dflash_gguf.engine.sources.dspark import DSparkSource
     from dflash_gguf.engine.loop import SpecDecoder
     from dflash_gguf.engine.policy import DraftLengthPolicy
     from dflash_gguf.engine.target import Target
@@ -194,7 +194,7 @@ def test_a_trained_markov_drafter_validates_opens_as_dspark_and_decodes_like_pla
     tm = Model(target)
     tgt = Target(tm, cs, taps=TAPS, max_verify=8)
     drafter = open_drafter(Model(out), tgt.ctx, cs, tm)
-    assert isinstance(drafter, DSparkDrafter) and not drafter.anchor_first
+    assert isinstance(drafter, DSparkSource) and not drafter.anchor_first
     plain = SpecDecoder(tgt, None, DraftLengthPolicy(1, adaptive=False))
     spec = SpecDecoder(tgt, drafter, DraftLengthPolicy(7, adaptive=False))
     spec.debug_check_positions = True
@@ -250,7 +250,7 @@ def test_llama_cpp_chains_the_head_as_torch_does(tmp_path, dspark, outtype, tol)
 def test_the_engine_chains_the_head_over_the_draft_vocabulary_as_torch_does(tmp_path, dspark, outtype, tol):
     """On the CPU the engine runs the chain itself, over the draft vocabulary (d2t) with W1/W2 read from the
     file: its drafts and chained logits equal the torch head's chain, -inf outside the draft vocabulary."""
-    from dflash_gguf.engine.dspark import DSparkDrafter
+    from dflash_gguf.engine.sources.dspark import DSparkSource
     from dflash_gguf.native.wrappers import Context, ContextSettings, Model
     target, tr, vocab = dspark
     out = _export(tmp_path, target, tr, vocab, outtype)
@@ -259,7 +259,7 @@ def test_the_engine_chains_the_head_over_the_draft_vocabulary_as_torch_does(tmp_
     with ExitStack() as st:
         tm = st.enter_context(closing(Model(target)))
         tc = st.enter_context(closing(Context(tm, cs)))
-        drafter = st.enter_context(closing(DSparkDrafter(Model(out), tc, cs, tm)))
+        drafter = st.enter_context(closing(DSparkSource(Model(out), tc, cs, tm)))
         assert drafter.markov is not None and len(drafter.markov.columns) == len(vocab.token_ids)
         drafter.begin()
         drafter.process(feats, 0)
@@ -308,7 +308,7 @@ def test_a_trained_confidence_head_exports_and_llama_cpp_computes_it_as_torch_do
     computes each draft slot's confidence from the hidden state and W1 of the token drafted before it, as the
     trainer's head does."""
     from dflash_gguf.convert.inspect_drafter import inspect_drafter
-    from dflash_gguf.engine.dspark import DSparkDrafter
+    from dflash_gguf.engine.sources.dspark import DSparkSource
     from dflash_gguf.native.wrappers import Context, ContextSettings, Model
     target, tr, vocab = _tiny_dspark(tmp_path, confidence_head=True)
     with torch.no_grad():                       # a head that says something: not the few steps' near-constant
@@ -321,7 +321,7 @@ def test_a_trained_confidence_head_exports_and_llama_cpp_computes_it_as_torch_do
     with ExitStack() as st:
         tm = st.enter_context(closing(Model(target)))
         tc = st.enter_context(closing(Context(tm, cs)))
-        drafter = st.enter_context(closing(DSparkDrafter(Model(out), tc, cs, tm, markov_in_graph=True)))
+        drafter = st.enter_context(closing(DSparkSource(Model(out), tc, cs, tm, markov_in_graph=True)))
         drafter.ctx.enable_nextn()
         drafter.begin()
         drafter.process(feats, 0)

@@ -14,9 +14,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .drafter import DraftSource, Proposal
 from .policy import PLAIN_STEP, DraftLengthPolicy
 from .sampling import SamplingParams, draw, pick, probs_from_logits, sample
+from .sources.base import DraftSource, Proposal
 from .sources.lookup import LookupSource, point_mass
 from .target import Target
 from .verify import SlotCounts, Verdict, verify_greedy, verify_stochastic
@@ -238,8 +238,8 @@ class SpecDecoder:
         res.timings.verify_s += t2 - t1
         res.timings.inject_s += (t3 - t2) + (t0 - t_flush)
         # The policy prices a draft with the injection of one step's kept rows, which recurs while speculating.
-        # A plain streak's backlog is not a cost of this draft (it goes in before any later one too); counted,
-        # a probe's draft looked ~3x dearer (bench: 1.7 ms against 0.64) and kept the policy plain where drafting pays.
+        # A plain streak's backlog is not a cost of this draft (it goes in before any later one too): counted, it
+        # would make a probe's draft look dearer than drafting is and keep the policy plain where drafting pays.
         draft_s = (t1 - t0) + ((t0 - t_flush) if flushed <= self.policy.draft_max + 1 else 0.0)
         self.policy.observe(n, verdict.n_accepted, verify_s=t2 - t1, draft_s=draft_s if drafted else None,
                            draft_n=drafted if drafted != n else None, lookup=lookup is not None)
@@ -256,7 +256,7 @@ class SpecDecoder:
         token = pick(self.target.decode_rows([last])[0], sampling, rng)
         t1 = time.perf_counter()
         if self.drafter is not None:
-            self.drafter.process(self.target.features(0, 1), pos)         # buffered, see DFlashDrafter
+            self.drafter.process(self.target.features(0, 1), pos)         # buffered, see DFlashSource
         t2 = time.perf_counter()
         res.n_target_calls += 1
         res.n_plain_steps += 1
@@ -310,9 +310,8 @@ class SpecDecoder:
         """Target and drafter hold exactly positions 0..n_past-1."""
         t_max = self.target.ctx.pos_max()
         assert t_max == self.target.n_past - 1, (t_max, self.target.n_past)
-        if self.drafter is not None and hasattr(self.drafter, "pos_max"):
-            d_max = self.drafter.pos_max()
-            assert d_max == t_max, f"drafter holds up to {d_max}, target up to {t_max}"
+        d_max = self.drafter.pos_max() if self.drafter is not None else None
+        assert d_max is None or d_max == t_max, f"drafter holds up to {d_max}, target up to {t_max}"
 
 
 def overridden(proposal: Proposal, continuation: list[int], greedy: bool, n_vocab: int) -> Proposal:

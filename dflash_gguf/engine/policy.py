@@ -179,12 +179,13 @@ class CostCache:
 
     @staticmethod
     def key(model_path: Path, backend: str, n_threads: int, n_gpu_layers: int, drafter_path: Path | None) -> str:
-        """drafter_path None: the verify curve alone (a lookup source, no drafter)."""
+        """drafter_path None: the verify curve alone (a lookup source, no drafter). The last field is the curve
+        format: a new one when what a curve holds or how it is measured changes."""
         import platform  # noqa: PLC0415
         st = model_path.stat()
         drafter = f"{drafter_path.name}:{drafter_path.stat().st_size}" if drafter_path else "no-drafter"
         return (f"{model_path.resolve()}:{st.st_size}:{int(st.st_mtime)}|{drafter}|"
-                f"{platform.node()}|{backend}|t{n_threads}|ngl{n_gpu_layers}|v4")   # v4: verify after a draft (t_cold)
+                f"{platform.node()}|{backend}|t{n_threads}|ngl{n_gpu_layers}|v4")
 
     def get(self, key: str) -> CostCurve | None:
         try:

@@ -3,7 +3,7 @@
 After a generation the target holds the prompt and every token it decoded (`Target.tokens`; the newest
 emitted token is never decoded), and the drafter holds the same positions as injected features (some may
 still be pending in its buffer). The next prompt shares a prefix with that sequence — a chat's history —
-so both are cut back to the prefix (`Target.truncate`, `DFlashDrafter.truncate`: seq_rm of the positions
+so both are cut back to the prefix (`Target.truncate`, `DFlashSource.truncate`: seq_rm of the positions
 after it) and only the rest is prefilled: `SpecDecoder.generate(..., n_cached=k)`.
 
 Exactness: on the CPU a position's KV depends on its tokens and on one property of the ubatch it was decoded

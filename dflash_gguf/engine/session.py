@@ -12,10 +12,10 @@ from ..native.wrappers import ContextSettings, Model, ModelLoadError, TensorOver
 from ..paths import cache_root
 from ..settings import EngineSettings
 from . import prefix
-from .draft_sources import open_drafter
 from .loop import GenerationResult, SpecDecoder, TokenCallback
 from .policy import CostCache, CostCurve, DraftLengthPolicy, measure_cost_curve
 from .sampling import SamplingParams
+from .sources import open_drafter
 from .sources.lookup import LookupSource
 from .target import Target
 from .token_probs import TokenProbs, rescore
@@ -91,8 +91,6 @@ class Engine:
             self.cost = self._cost_curve()
             if self.drafter is not None:
                 self.drafter.short_blocks = self.cost.short_blocks
-        # --draft-confidence: a drafter with a confidence head rates its slots, and the policy trims by them
-        self._rated = s.draft_confidence and s.adaptive and hasattr(self.drafter, "rate_slots")
         self._decoders: dict[str, SpecDecoder] = {}
         self.plain = SpecDecoder(self.target, None, DraftLengthPolicy(1, adaptive=False))
         self.spec = self.decoder(s.draft_source)
@@ -113,7 +111,8 @@ class Engine:
             lookup = LookupSource(self.target_model.n_vocab, self.draft_max + 1) if source != "dflash" else None
             policy = DraftLengthPolicy(self.draft_max, min(self.settings.draft_min, self.draft_max),
                                        adaptive=self.settings.adaptive, cost=self.cost)
-            policy.use_confidence = bool(drafter is not None and self._rated and policy.adaptive
+            # --draft-confidence: a drafter with a confidence head rates its slots, and the policy trims by them
+            policy.use_confidence = bool(drafter is not None and self.settings.draft_confidence and policy.adaptive
                                          and drafter.rate_slots())
             self._decoders[source] = SpecDecoder(self.target, drafter, policy, t_mode=self.settings.t_mode,
                                                  lookup=lookup)
@@ -155,7 +154,7 @@ class Engine:
                  source: str | None = None, n_cached: int = 0) -> GenerationResult:
         """source: a draft source other than the settings' (bench runs each of them); n_cached: how many prompt
         tokens `keep_prefix(prompt)` kept in the caches (0: a cold start)."""
-        decoder = (self.spec if source is None else self.decoder(source)) if speculative else self.plain
+        decoder = self._decoder_for(speculative, source)
         try:
             if decoder.drafter is not None:
                 result = decoder.generate(list(prompt), max_tokens, sampling, on_tokens, n_cached=n_cached)
@@ -166,6 +165,10 @@ class Engine:
         except BaseException:
             self.forget()             # a decode that failed half-way leaves no cache worth reusing
             raise
+
+    def _decoder_for(self, speculative: bool, source: str | None = None) -> SpecDecoder:
+        """The decoder a generation runs: plain, the settings' draft source, or `source`."""
+        return (self.spec if source is None else self.decoder(source)) if speculative else self.plain
 
     def _generate_without_drafter(self, decoder: SpecDecoder, prompt: list[int], max_tokens: int,
                                   sampling: SamplingParams, on_tokens: TokenCallback | None,
@@ -188,7 +191,7 @@ class Engine:
     def keep_prefix(self, prompt: Sequence[int], *, speculative: bool = True) -> int:
         """Cut the held sequence back to its longest common prefix with `prompt`; pass the result to
         `generate(n_cached=...)`. 0 where nothing can be reused (see engine/prefix.py)."""
-        drafter = self.spec.drafter if speculative else None     # a lookup-only decoder leaves the drafter out
+        drafter = self._decoder_for(speculative).drafter          # a lookup-only decoder leaves the drafter out
         if drafter is not None and not self._drafter_in_step:
             return 0
         return prefix.keep_prefix(self.target, drafter, prompt)

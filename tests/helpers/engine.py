@@ -9,7 +9,7 @@ import numpy as np
 from dflash_gguf.convert.synthetic import RandomTensors, add_synthetic_vocab
 from dflash_gguf.convert.writer import add_decoder_hparams, add_target_tokenizer, finish
 from dflash_gguf.drafter.config import DrafterConfig
-from dflash_gguf.engine.drafter import Proposal
+from dflash_gguf.engine.sources.base import DraftSource, Proposal
 
 # a two-layer drafter for the 3-layer, 64-wide tiny llama target (write_tiny_llama(n_embd=64, n_layer=3))
 TINY_DRAFTER = DrafterConfig(hidden_size=64, intermediate_size=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
@@ -42,7 +42,7 @@ def write_random_drafter(target: Path, out: Path, *, taps: list[int], n_layers: 
     return out
 
 
-class OracleDrafter:
+class OracleDrafter(DraftSource):
     """Proposes the target's own greedy continuation, corrupted at random slots.
 
     Knows the reference greedy sequence (prompt + continuation); each draft copies it and replaces
@@ -68,9 +68,6 @@ class OracleDrafter:
         assert pos0 == self.n_pos, f"features injected at {pos0}, expected {self.n_pos}"
         self.injected.append((pos0, features.shape[0]))
         self.n_pos = pos0 + features.shape[0]
-
-    def flush(self) -> int:
-        return 0                                      # injects at once
 
     def draft(self, last_token: int, pos: int, n: int, want_logits: bool, pick=None) -> Proposal:
         toks = []

@@ -1,1 +1,20 @@
-"""Draft sources that need no drafter file (the DFlash family lives in engine/drafter.py and its siblings)."""
+"""Draft sources behind one interface (base.py): the DFlash family (dflash.py, dflash2.py, dspark.py), each a
+drafter GGUF run by llama.cpp, and prompt lookup (lookup.py), which needs no drafter file."""
+
+from __future__ import annotations
+
+from ...gguf_check import drafter_member, parse_header
+from ...gguf_family import DFLASH2, DSPARK
+from ...native.wrappers import Context, ContextSettings, Model
+from .dflash import DFlashSource
+from .dflash2 import DFlash2Source
+from .dspark import DSparkSource
+
+FAMILY_SOURCES = {DFLASH2: DFlash2Source, DSPARK: DSparkSource}
+
+
+def open_drafter(model: Model, target_ctx: Context, settings: ContextSettings, target_model: Model,
+                 *, window: int | None = None) -> DFlashSource:
+    """The source for the drafter's family member, as the file's tensors say (gguf_family.MARKERS)."""
+    cls = FAMILY_SOURCES.get(drafter_member(parse_header(model.path)), DFlashSource)
+    return cls(model, target_ctx, settings, target_model, window=window)

@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..drafter import Proposal
+from .base import DraftSource, Proposal
 
 MAX_NGRAM = 6        # longer suffixes add index work per token and rarely change the match on 128-token answers
 
 
-class LookupSource:
-    """The draft-source interface (engine/drafter.py) over the token text; `see` feeds it the text."""
+class LookupSource(DraftSource):
+    """A draft source over the token text (it reads no features); `see` feeds it the text."""
 
     member = "lookup"
-    taps: list[int] = []                 # reads no features
 
     def __init__(self, n_vocab: int, block_size: int = 8, max_ngram: int = MAX_NGRAM):
         self.n_vocab, self.block_size, self.max_ngram = n_vocab, block_size, max_ngram
@@ -60,13 +59,6 @@ class LookupSource:
             return [], 0
         period = size - e
         return [text[e + i] if i < period else text[e + i % period] for i in range(n)], m
-
-    # -- the draft-source interface ---------------------------------------------------------------
-    def process(self, features: np.ndarray, pos0: int) -> None:
-        pass
-
-    def flush(self) -> int:
-        return 0
 
     def draft(self, last_token: int, pos: int, n: int, want_logits: bool, pick=None) -> Proposal:
         """The continuation after `last_token` (the text's last token, at pos), at most n tokens; at T > 0

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..gguf_family import DFLASH2
-from .drafter import DFlashDrafter, Proposal
+from ...gguf_family import DFLASH2
+from .base import Proposal
+from .dflash import DFlashSource
 
 
-class DFlash2Drafter(DFlashDrafter):
+class DFlash2Source(DFlashSource):
     member = DFLASH2
 
     def __init__(self, *args, **kwargs):

@@ -1,51 +1,15 @@
-"""Draft sources: one small interface, the DFlash drafter behind it (others can slot in).
-
-The loop calls, in order: `begin()` once per generation, `process(features, pos0)` after every
-target decode with the features of the rows it keeps, and `draft(last, pos, n, want_logits, pick)` for a
-block. `features` may be a view that the caller reuses after `process` returns: a source copies what it keeps.
-At T > 0 in rejection mode the loop passes `pick(logits [V]) -> (token, q [V])`: a source whose later slots
-depend on the tokens drawn earlier (DFlash2's selector walk, DSpark's Markov chain when the engine runs it) draws
-with it and returns each q; the others return logits and the loop draws every slot itself. A source may also rate
-its slots (`Proposal.confidence`), which the policy can use to verify fewer of them.
-"""
+"""DFlash draft source: a `dflash` GGUF run by llama.cpp, drafting a block of masked slots from the target's
+features. DFlash2 and DSpark (dflash2.py, dspark.py) extend it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
 import numpy as np
 
-from ..errors import UserError
-from ..gguf_check import DRAFTER_ARCH, FOREIGN_DRAFTER_ARCHS, fit_problems
-from ..gguf_family import DFLASH
-from ..native.wrappers import Batch, Context, ContextSettings, Model
-
-
-@dataclass
-class Proposal:
-    tokens: list[int]                 # d1..dn
-    logits: np.ndarray | None = None  # [n, V] drafter logits for d1..dn (needed for T>0), a copy
-    q: np.ndarray | None = None       # [n, V] proposal distributions the tokens were drawn from (T>0)
-    confidence: np.ndarray | None = None   # [n] the drafter's own estimate that each slot is accepted given the
-                                           # slots before it were (DSpark's confidence head), when it has one
-
-    def first(self, k: int) -> "Proposal":
-        """The first k drafts (k <= n), with their logits, q and confidences."""
-        if k >= len(self.tokens):
-            return self
-        cut = (lambda a: None if a is None else a[:k])
-        return Proposal(self.tokens[:k], cut(self.logits), cut(self.q), cut(self.confidence))
-
-
-class DraftSource(Protocol):
-    block_size: int                   # max tokens per draft call, including the anchor slot
-    taps: list[int]                   # target layer ids whose features `process` expects
-
-    def begin(self) -> None: ...
-    def process(self, features: np.ndarray, pos0: int) -> None: ...
-    def flush(self) -> int: ...       # inject what `process` held back now; returns how many rows that was
-    def draft(self, last_token: int, pos: int, n: int, want_logits: bool, pick=None) -> Proposal: ...
+from ...errors import UserError
+from ...gguf_check import DRAFTER_ARCH, FOREIGN_DRAFTER_ARCHS, fit_problems
+from ...gguf_family import DFLASH
+from ...native.wrappers import Batch, Context, ContextSettings, Model
+from .base import DraftSource, Proposal
 
 
 class DrafterMismatch(UserError):
@@ -69,10 +33,10 @@ def check_drafter_fits(drafter: Model, target: Model) -> None:
                               + "; this drafter was trained for another target")
 
 
-class DFlashDrafter:
+class DFlashSource(DraftSource):
     """A `dflash` GGUF run by llama.cpp, sharing the target's embeddings and LM head via ctx_other."""
 
-    member = DFLASH                          # the DFlash family member (DFlash2Drafter, DSparkDrafter override it)
+    member = DFLASH                          # the DFlash family member (DFlash2Source, DSparkSource override it)
 
     def __init__(self, model: Model, target_ctx: Context, settings: ContextSettings, target_model: Model,
                  *, window: int | None = None):

@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..gguf_check import parse_header
-from ..gguf_family import DSPARK, SAMPLE_FROM_ANCHOR_KEY
-from ..gguf_reader import open_gguf
-from .drafter import DFlashDrafter, Proposal
+from ...gguf_check import parse_header
+from ...gguf_family import DSPARK, SAMPLE_FROM_ANCHOR_KEY
+from ...gguf_reader import open_gguf
+from .base import Proposal
+from .dflash import DFlashSource
 
 
-class MarkovHead:
-    """W1 [V, R] (rows dequantized when asked for), W2 [columns, R] and its optional scale, from a DSpark GGUF;
-    `columns` are the target ids of W2's rows (the draft vocabulary, `d2t`), None when W2 spans the vocabulary."""
+class NumpyMarkovHead:
+    """A DSpark GGUF's Markov and confidence heads, run in numpy: W1 [V, R] (rows dequantized when asked for),
+    W2 [columns, R] and its optional scale; `columns` are the target ids of W2's rows (the draft vocabulary,
+    `d2t`), None when W2 spans the vocabulary."""
 
     def __init__(self, path):
         import gguf  # noqa: PLC0415
@@ -75,7 +77,7 @@ class MarkovHead:
         return 1.0 / (1.0 + np.exp(-z))
 
 
-class DSparkDrafter(DFlashDrafter):
+class DSparkSource(DFlashSource):
     member = DSPARK
 
     def __init__(self, *args, markov_in_graph: bool | None = None, **kwargs):
@@ -83,7 +85,7 @@ class DSparkDrafter(DFlashDrafter):
         here otherwise."""
         super().__init__(*args, **kwargs)
         self.anchor_first = (self.model.meta(SAMPLE_FROM_ANCHOR_KEY) or "true").lower() == "true"
-        self.markov: MarkovHead | None = None
+        self.markov: NumpyMarkovHead | None = None
         self.rates_slots = False                 # hand the confidence head's estimates to the loop
         self.place_chain(self.model.on_gpu if markov_in_graph is None else markov_in_graph)
 
@@ -97,7 +99,7 @@ class DSparkDrafter(DFlashDrafter):
 
     def place_chain(self, in_graph: bool) -> None:
         """Chain the Markov head in llama.cpp's graph or here (from the next draft on)."""
-        self.markov = None if in_graph else (self.markov or MarkovHead(self.model.path))
+        self.markov = None if in_graph else (self.markov or NumpyMarkovHead(self.model.path))
         self.ctx.set_markov_head_in_graph(in_graph)
 
     def draft(self, last_token: int, pos: int, n: int, want_logits: bool, pick=None) -> Proposal:
