@@ -76,7 +76,7 @@ def write_dspark_folder(folder: Path, config: DrafterConfig, tensors: dict, *, r
     return folder
 
 
-SHIPPED = Path(__file__).resolve().parent.parent / "dflash_gguf" / "assets" / "smollm2-135m-instruct.dflash-q8_0.gguf"
+SHIPPED = Path(__file__).resolve().parents[2] / "dflash_gguf" / "assets" / "smollm2-135m-instruct.dflash-q8_0.gguf"
 
 
 def shipped_family_drafter(member: str, target: Path, out: Path, *, outtype: str = "f32", seed: int = 0,
