@@ -1,7 +1,8 @@
-"""Where dflash-gguf keeps downloads, native builds and measurements (never inside the repo)."""
+"""Where dflash-gguf keeps downloads, native builds and measurements (never inside the repo), and file digests."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -25,3 +26,11 @@ def repo_root() -> Path | None:
     """The source checkout this package runs from (editable installs), or None."""
     root = Path(__file__).resolve().parent.parent
     return root if (root / "patches").is_dir() and (root / "pyproject.toml").is_file() else None
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -24,7 +24,7 @@ from dflash_gguf.engine.sampling import SamplingParams  # noqa: E402
 from dflash_gguf.engine.session import Engine  # noqa: E402
 from dflash_gguf.settings import EngineSettings  # noqa: E402
 from dflash_gguf.textgen.prompting import format_prompt  # noqa: E402
-from dflash_gguf.train.measure import load_eval_prompts  # noqa: E402
+from dflash_gguf.bench.tau import load_eval_prompts  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("drafter", type=Path)

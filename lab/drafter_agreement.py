@@ -50,7 +50,7 @@ from dflash_gguf.textgen.prompting import format_prompt  # noqa: E402
 from dflash_gguf.train.acceptance import Walk, leading_correct  # noqa: E402
 from dflash_gguf.train.dataset import FeatureDataset  # noqa: E402
 from dflash_gguf.train.harvest import DatasetWriter  # noqa: E402
-from dflash_gguf.train.measure import NativeDraftProbe  # noqa: E402
+from dflash_gguf.bench.tau import NativeDraftProbe  # noqa: E402
 from dflash_gguf.train.target_weights import embedding_and_head  # noqa: E402
 
 if a.threads:
@@ -62,7 +62,7 @@ if a.train_prompts:
     lo, hi = (int(x) for x in a.train_prompts.split(":"))
     prompts = load(DEFAULT_PROMPTS)[lo:hi]
 else:
-    from dflash_gguf.train.measure import load_eval_prompts  # noqa: E402
+    from dflash_gguf.bench.tau import load_eval_prompts  # noqa: E402
     prompts = load_eval_prompts(EVAL, a.per_category)
 
 source = read_source(str(a.drafter), read_target(target))

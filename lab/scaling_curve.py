@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
-from dflash_gguf.train.measure import load_eval_prompts, measure_tau  # noqa: E402
+from dflash_gguf.bench.tau import load_eval_prompts, measure_tau  # noqa: E402
 from dflash_gguf.train.pipeline import build_trainer, export  # noqa: E402
 from lab.scaling import (SubsetDataset, best_compute_series, extrapolate, measured,  # noqa: E402
                                        plot_curve)

@@ -115,7 +115,7 @@ def portable(arg: str) -> str:
 
 
 def measure(path: Path):
-    from dflash_gguf.train.measure import load_eval_prompts, measure_tau  # noqa: PLC0415
+    from dflash_gguf.bench.tau import load_eval_prompts, measure_tau  # noqa: PLC0415
     return measure_tau(path, target, load_eval_prompts(EVAL, a.eval_prompts), max_tokens=128, n_threads=a.threads or 0)
 
 

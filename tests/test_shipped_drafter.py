@@ -41,7 +41,7 @@ def test_manifest_hash_and_metadata():
 
 @pytest.mark.slow
 def test_shipped_drafter_beats_any_random_drafter_floor():
-    from dflash_gguf.train.measure import measure_tau
+    from dflash_gguf.bench.tau import measure_tau
     target = smollm2()
     rows = [{"category": c, "prompt": p} for c, p in PROMPTS]
     report = measure_tau(shipped_drafter_for(target), target, rows, max_tokens=64, n_threads=2)

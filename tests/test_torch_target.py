@@ -17,7 +17,7 @@ TAPS = [2, 11, 19, 28]
 @pytest.fixture(scope="module")
 def smollm2():
     from dflash_gguf.targets import smollm2_q4_1
-    from dflash_gguf.train.torch_target import hf_llama_from_gguf
+    from lab.torch_target import hf_llama_from_gguf
     target = smollm2_q4_1()
     return target, hf_llama_from_gguf(target)[0]
 
@@ -27,7 +27,7 @@ def test_torch_target_agrees_with_llama_cpp_on_greedy_tokens_and_taps(smollm2):
     from dflash_gguf.native.wrappers import Batch, Context, ContextSettings, Model
     from dflash_gguf.textgen.greedy import greedy_continuation, prefill_features
     from dflash_gguf.textgen.prompting import format_prompt
-    from dflash_gguf.train.torch_target import forward_taps
+    from lab.torch_target import forward_taps
     target, hf = smollm2
     model = Model(target)
     ctx = Context(model, ContextSettings(n_ctx=512, n_batch=512, n_ubatch=512, n_threads=2))
@@ -53,7 +53,7 @@ def test_torch_target_agrees_with_llama_cpp_on_greedy_tokens_and_taps(smollm2):
 def test_torch_harvest_writes_a_dataset_the_trainer_reads(smollm2, tmp_path):
     from dflash_gguf.train.dataset import FeatureDataset
     from dflash_gguf.train.harvest import HarvestSettings
-    from dflash_gguf.train.torch_target import load_pretokenized, pretokenize, torch_harvest
+    from lab.torch_target import load_pretokenized, pretokenize, torch_harvest
     target, _ = smollm2
     path = pretokenize(target, PROMPTS, tmp_path / "prompts.npz")
     toks, eog = load_pretokenized(path)

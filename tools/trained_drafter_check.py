@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dflash_gguf.train.measure import load_eval_prompts, measure_tau  # noqa: E402
+from dflash_gguf.bench.tau import load_eval_prompts, measure_tau  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ap.add_argument("--target", type=Path, required=True)

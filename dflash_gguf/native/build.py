@@ -27,7 +27,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..paths import cache_root, repo_root
+from ..paths import cache_root, repo_root, sha256_file
 from . import BACKENDS, cuda_toolchain
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -143,14 +143,6 @@ def check_vulkan_toolchain() -> None:
 
 def _log(msg: str) -> None:
     print(f"[dflash-gguf build] {msg}", file=sys.stderr, flush=True)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fetch_sdist() -> Path:

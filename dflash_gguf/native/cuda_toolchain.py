@@ -24,7 +24,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..paths import cache_root
+from ..paths import cache_root, sha256_file
 
 CUDA_MAJOR = 13                      # the wheels below; a system toolkit of another major is used only when complete
 TOOLKIT_ENV = "DFLASH_GGUF_CUDA_TOOLKIT"   # "auto" (default) | "wheels" (ignore the system toolkit) | a toolkit root
@@ -255,7 +255,6 @@ def fetch_wheels(wheels: list[Wheel]) -> list[Path]:
 
 
 def _cached_wheel(w: Wheel, folder: Path) -> Path | None:
-    from .build import sha256_file  # noqa: PLC0415 (build imports this module)
     for f in sorted(folder.glob(w.file_prefix + "*.whl")):
         if sha256_file(f) == w.sha256:
             return f

@@ -13,7 +13,7 @@ import numpy as np
 from ..convert.target_info import TargetInfo, read_target
 from ..drafter.config import DrafterConfig, official_target_layer_ids
 from ..errors import UserError
-from ..native.build import sha256_file as file_sha256
+from ..paths import sha256_file as file_sha256
 from .harvest import HarvestSettings
 from .trainer import Trainer, TrainSettings
 

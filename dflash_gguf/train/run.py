@@ -16,7 +16,7 @@ def run(o: SimpleNamespace) -> tuple[dict, Path]:
     from ..corpus.prompts import DEFAULT_PROMPTS, load
     from ..engine.session import require_native
     from ..gguf_check import check_target
-    from ..native.build import sha256_file
+    from ..paths import sha256_file
     from ..paths import cache_root
     from ..textgen.chat import read_choice
     from .harvest import HarvestSettings

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_gguf.convert.synthetic import RandomTensors, add_synthetic_vocab
+from lab.synthetic import RandomTensors, add_synthetic_vocab
 from dflash_gguf.convert.writer import add_decoder_hparams, finish
 
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "mistral3", "gemma2", "gemma3")

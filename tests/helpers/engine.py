@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_gguf.convert.synthetic import RandomTensors, add_synthetic_vocab
+from lab.synthetic import RandomTensors, add_synthetic_vocab
 from dflash_gguf.convert.writer import add_decoder_hparams, add_target_tokenizer, finish
 from dflash_gguf.drafter.config import DrafterConfig
 from dflash_gguf.engine.sources.base import DraftSource, Proposal

@@ -10,7 +10,7 @@ sys.path.insert(0, str(ROOT))
 from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
 from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS  # noqa: E402
 from dflash_gguf.corpus.prompts import load  # noqa: E402
-from dflash_gguf.train.torch_target import pretokenize  # noqa: E402
+from lab.torch_target import pretokenize  # noqa: E402
 
 import argparse  # noqa: E402
 

@@ -60,7 +60,7 @@ def write_f16(path: Path, g: dict, seed: int = 0) -> int:
     """Write the F16 GGUF; returns the number of parameters."""
     import gguf
 
-    from dflash_gguf.convert.synthetic import add_synthetic_vocab
+    from lab.synthetic import add_synthetic_vocab
     from dflash_gguf.convert.writer import add_decoder_hparams, finish
 
     arch = g["arch"]

@@ -30,7 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 # stdlib only: these run before any wheel is installed
 from dflash_gguf.native import build as nb  # noqa: E402
-from dflash_gguf.native.build import LLAMA_CPP_PYTHON_VERSION, sha256_file  # noqa: E402
+from dflash_gguf.native.build import LLAMA_CPP_PYTHON_VERSION
+from dflash_gguf.paths import sha256_file  # noqa: E402
 
 # import name -> distribution, for everything the package, its tests and the check import on that machine
 MODULES = {"numpy": "numpy", "gguf": "gguf", "typer": "typer", "click": "click", "rich": "rich",

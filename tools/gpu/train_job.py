@@ -27,7 +27,7 @@ from dflash_gguf.train.pipeline import (build_trainer, export, file_sha256, prom
                                         training_record)
 from dflash_gguf.corpus.prompts import load  # noqa: E402
 from dflash_gguf.train.refeature import export_tokens  # noqa: E402
-from dflash_gguf.train.torch_target import load_pretokenized, torch_harvest  # noqa: E402
+from lab.torch_target import load_pretokenized, torch_harvest  # noqa: E402
 from dflash_gguf.train.trainer import TrainSettings  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UserError
-from .harvest import DatasetWriter, HarvestSettings, top_k_probs
+from dflash_gguf.errors import UserError
+from dflash_gguf.train.harvest import DatasetWriter, HarvestSettings, top_k_probs
 
 SUPPORTED = {"llama", "mistral"}
 
@@ -25,8 +25,8 @@ def hf_llama_from_gguf(target: Path, device: str = "cpu", dtype: str = "float32"
     import torch  # noqa: PLC0415
     from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
 
-    from ..convert.target_info import read_target  # noqa: PLC0415
-    from .target_weights import embedding_and_head, layer_init  # noqa: PLC0415
+    from dflash_gguf.convert.target_info import read_target  # noqa: PLC0415
+    from dflash_gguf.train.target_weights import embedding_and_head, layer_init  # noqa: PLC0415
     g = read_target(target)
     if g.arch not in SUPPORTED:
         raise UserError(f"{target}: a torch target exists for {sorted(SUPPORTED)} only, not {g.arch}; "
@@ -60,8 +60,8 @@ def forward_taps(model, tokens: list[int], taps: list[int], device: str = "cpu")
 def pretokenize(target: Path, prompts: list[dict], out: Path) -> Path:
     """Write the prompts as the target reads them (token ids, chat template applied) plus its end-of-generation
     ids to one .npz, so a machine without llama.cpp can harvest with the torch target."""
-    from ..native.wrappers import Model  # noqa: PLC0415
-    from ..textgen.prompting import format_prompt  # noqa: PLC0415
+    from dflash_gguf.native.wrappers import Model  # noqa: PLC0415
+    from dflash_gguf.textgen.prompting import format_prompt  # noqa: PLC0415
     model = Model(target)
     try:
         toks = [format_prompt(model, r) for r in prompts]
@@ -87,7 +87,7 @@ def torch_harvest(target: Path, prompts: list[dict], prompt_tokens: list[list[in
     """Generate responses in groups of settings.n_parallel prompts (left-padded, one KV cache per group),
     keeping per position the tapped features and the top-K probabilities; resumes by prompt like harvest().
     prompt_tokens[i] is prompts[i] as the target reads it (see pretokenize)."""
-    from ..engine.sampling import SamplingParams, pick  # noqa: PLC0415
+    from dflash_gguf.engine.sampling import SamplingParams, pick  # noqa: PLC0415
     model, g = hf_llama_from_gguf(target, device, dtype)
     K, taps = settings.top_k_probs, settings.taps
     meta = {"target": target.name, "target_arch": g.arch, "taps": list(taps), "n_embd": g.n_embd,
