@@ -33,14 +33,14 @@ def _none(*args, **kwargs) -> dict:
 @dataclass(frozen=True, eq=False)          # one object per member: compared and hashed by identity
 class Member:
     name: str
-    marker: str | None = None           # the tensor that makes a file this member (llama_model_dflash::load_arch_tensors)
+    marker: str | None = None           # the tensor that makes a file this member (load_arch_tensors)
     part: str = ""                      # what the marker belongs to, as messages name it
     setting: str | None = None          # the DrafterConfig field (and HF config key) only this member sets
     settings: tuple[str, ...] = ()      # its DrafterConfig fields, in the order `inspect` reports them
-    keys: Mapping[str, type] = field(default_factory=dict)   # its GGUF keys "dflash.{key}" → int (uint32, all
-                                                             # required once the marker is present) or bool
+    # its GGUF keys "dflash.{key}" (= DrafterConfig fields) → int (uint32, all required with the marker) or bool
+    keys: Mapping[str, type] = field(default_factory=dict)
     defaults: Mapping[str, object] = field(default_factory=dict)   # settings a file may leave out (upstream's)
-    vocab_tensor: str | None = None     # a tensor whose last ne spans the vocabulary (when the file has no tokenizer)
+    vocab_tensor: str | None = None     # a tensor whose last ne spans the vocabulary (for a file without tokenizer)
     draft_vocab: bool = True            # convert can give it a reduced draft vocabulary (d2t)
     # GGUF name → ne of every tensor it adds: (n_embd, n_layer, n_vocab, settings, n_draft_vocab)
     shapes: Callable[..., dict] = _none
@@ -55,9 +55,12 @@ class Member:
         return tuple(k for k, kind in self.keys.items() if kind is bool)
 
 
+_DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
 def _dflash2_problems(n_embd: int, s: Mapping) -> list[str]:
-    kernel, group, rank, top_k = (s.get(k) or 0 for k in DFLASH2.int_keys())
-    problems = [f"{k} = {v} must be >= 1" for k, v in zip(DFLASH2.int_keys(), (kernel, group, rank, top_k)) if v < 1]
+    kernel, group, rank, top_k = (s.get(k) or 0 for k in _DFLASH2_KEYS)
+    problems = [f"{k} = {v} must be >= 1" for k, v in zip(_DFLASH2_KEYS, (kernel, group, rank, top_k)) if v < 1]
     if problems:
         return problems
     if n_embd % group:
@@ -95,17 +98,17 @@ def _dspark_shapes(n_embd: int, n_layer: int, n_vocab: int, s: Mapping, n_draft_
 
 
 DFLASH = Member("DFlash")
-DFLASH2 = Member("DFlash2", "selector_hidden.weight", "selector tensors", "selector_rank",
-                 ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"),
-                 dict.fromkeys(("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"), int),
+DFLASH2 = Member("DFlash2", marker="selector_hidden.weight", part="selector tensors", setting="selector_rank",
+                 settings=_DFLASH2_KEYS, keys=dict.fromkeys(_DFLASH2_KEYS, int),
                  vocab_tensor="selector_successor.weight", draft_vocab=False,
                  shapes=_dflash2_shapes, problems=_dflash2_problems)
-DSPARK = Member("DSpark", "markov_w1.weight", "Markov head", "markov_rank",
-                ("markov_rank", "confidence_head", "sample_from_anchor"), {"sample_from_anchor": bool},
+DSPARK = Member("DSpark", marker="markov_w1.weight", part="Markov head", setting="markov_rank",
+                settings=("markov_rank", "confidence_head", "sample_from_anchor"), keys={"sample_from_anchor": bool},
                 defaults={"sample_from_anchor": True}, vocab_tensor="markov_w1.weight", shapes=_dspark_shapes,
                 from_tensors=lambda ne: {"markov_rank": int(ne["markov_w1.weight"][0]),
                                          "confidence_head": "conf_proj.weight" in ne,
-                                         "w2_scale": "markov_w2.scale" in ne}, optional=("conf_proj.bias",))
+                                         "w2_scale": "markov_w2.scale" in ne},
+                optional=("conf_proj.bias",))
 MEMBERS = (DFLASH, DFLASH2, DSPARK)
 
 
