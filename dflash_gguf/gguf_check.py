@@ -446,52 +446,44 @@ def check_drafter(path: str | Path, target: str | Path | None = None) -> GGUFHea
     return h
 
 
-def drafter_member(h: GGUFHeader) -> str:
-    """DFlash, DFlash2 or DSpark (gguf_family.MARKERS); raises BadModelFile for a file claiming two."""
+def drafter_member(h: GGUFHeader) -> gguf_family.Member:
+    """Its member of the DFlash family (gguf_family.member_of); raises BadModelFile for a file claiming two."""
     try:
         return gguf_family.member_of({t.name for t in h.tensors})
     except ValueError as e:
         raise BadModelFile(f"{h.path}: {e}; {_DAMAGED}") from None
 
 
-def check_family(h: GGUFHeader) -> str:
+def check_family(h: GGUFHeader) -> gguf_family.Member:
     """The keys and tensor shapes of the member `h` is (what llama.cpp throws on or reads unchecked)."""
     member = drafter_member(h)
+    if member.marker is None:
+        return member
     dims = {t.name: gguf_family.squeeze(t.dims) for t in h.tensors}
     n_embd = int(h.value(f"{DRAFTER_ARCH}.embedding_length"))
-    n_layer = int(h.value(f"{DRAFTER_ARCH}.block_count"))
+    settings = {k: _int_key(h, f"{DRAFTER_ARCH}.{k}", 0, 1 << 20, required=True,
+                            what=f"a {member.name} drafter needs it (its {member.part} are present); convert it "
+                                 "again with dflash-gguf convert") for k in member.int_keys()}
+    problems = member.problems(n_embd, settings)
+    if problems:
+        raise BadModelFile(f"{h.path}: {member.name} settings llama.cpp refuses: {'; '.join(problems)}; {_DAMAGED}")
+    for key in member.bool_keys():
+        f = h.fields.get(f"{DRAFTER_ARCH}.{key}")
+        if f is not None and (len(f.types) != 1 or f.types[0].value not in (7, _STRING)
+                              or str(f.value).lower() not in ("true", "false")):
+            raise BadModelFile(f"{h.path}: {DRAFTER_ARCH}.{key} must be true or false; {_DAMAGED}")
     d2t = dims.get("d2t")
-    n_vocab = d2t[0] if d2t else h.n_vocab()
-    if member == gguf_family.DFLASH2:
-        keys = [_int_key(h, f"{DRAFTER_ARCH}.{k}", 0, 1 << 20, required=True,
-                         what="a DFlash2 drafter needs it (its selector tensors are present); convert it again "
-                              "with dflash-gguf convert") for k in gguf_family.DFLASH2_KEYS]
-        problems = gguf_family.dflash2_problems(n_embd, *keys)
-        if problems:
-            raise BadModelFile(f"{h.path}: DFlash2 settings llama.cpp refuses: {'; '.join(problems)}; {_DAMAGED}")
-        kernel, group, rank, _ = keys
-        want = gguf_family.dflash2_shapes(n_embd, n_vocab or dims["selector_successor.weight"][-1], n_layer,
-                                          kernel, group, rank)
-    elif member == gguf_family.DSPARK:
-        rank = dims["markov_w1.weight"][0]
-        want = gguf_family.dspark_shapes(n_embd, h.n_vocab() or dims["markov_w1.weight"][-1], rank,
-                                         "conf_proj.weight" in dims, "markov_w2.scale" in dims,
-                                         n_draft_vocab=d2t[0] if d2t else None)
-        if "conf_proj.bias" not in dims:
-            want.pop("conf_proj.bias", None)
-        sfa = h.fields.get(gguf_family.SAMPLE_FROM_ANCHOR_KEY)
-        if sfa is not None and (len(sfa.types) != 1 or sfa.types[0].value not in (7, _STRING)
-                                or str(sfa.value).lower() not in ("true", "false")):
-            raise BadModelFile(f"{h.path}: {gguf_family.SAMPLE_FROM_ANCHOR_KEY} must be true or false; {_DAMAGED}")
-    else:
-        return member
+    n_vocab = h.n_vocab() or dims.get(member.vocab_tensor, (None,))[-1]
+    want = member.shapes(n_embd, int(h.value(f"{DRAFTER_ARCH}.block_count")), n_vocab,
+                         settings | member.from_tensors(dims), d2t[0] if d2t else None)
+    want = {n: s for n, s in want.items() if n in dims or n not in member.optional}
     missing = sorted(n for n in want if n not in dims)
     if missing:
-        raise BadModelFile(f"{h.path}: a {member} drafter without {', '.join(missing[:4])}; {_DAMAGED}")
+        raise BadModelFile(f"{h.path}: a {member.name} drafter without {', '.join(missing[:4])}; {_DAMAGED}")
     wrong = [f"{n} {list(dims[n])} (expected {list(gguf_family.squeeze(s))})" for n, s in want.items()
              if dims[n] != gguf_family.squeeze(s)]
     if wrong:
-        raise BadModelFile(f"{h.path}: {member} tensor shapes do not fit its settings: {'; '.join(wrong[:3])}; "
+        raise BadModelFile(f"{h.path}: {member.name} tensor shapes do not fit its settings: {'; '.join(wrong[:3])}; "
                            f"{_DAMAGED}")
     return member
 

@@ -1,5 +1,5 @@
 """DFlash2 and DSpark: the engine's drafts through llama.cpp's `dflash` graph equal the PyTorch reference
-(drafter/torch_ref_family.py, written from z-lab's and DeepSpec's model code) on synthetic checkpoints in the
+(tests/helpers/torch_ref_family.py, written from z-lab's and DeepSpec's model code) on synthetic checkpoints in the
 published config and tensor layout (tests/helpers/family.py), converted by our converter, F32 and q8_0.
 
 Each test injects context features in three rounds and drafts one block after each (the block dropped again
@@ -39,7 +39,7 @@ from helpers.engine import TINY_DRAFTER, write_tiny_llama
 from helpers.family import dflash2_tensors, dspark_tensors, write_dflash2_folder, write_dspark_folder
 
 torch = pytest.importorskip("torch")
-from dflash_gguf.drafter.torch_ref_family import DFlash2Drafter, DSparkDrafter, GroupedDynamicCausalConv  # noqa: E402
+from helpers.torch_ref_family import DFlash2Drafter, DSparkDrafter, GroupedDynamicCausalConv  # noqa: E402
 
 # F32 K/V and no flash attention: CPU flash attention rounds Q/K/V to F16 (~1e-2 logit noise)
 EXACT = ContextSettings(n_ctx=128, n_batch=64, n_ubatch=64, n_threads=2, type_k="f32", type_v="f32", flash_attn="off")
@@ -130,7 +130,7 @@ def _convert(folder, target, out, outtype, *, markov_in_graph=True):
 
 
 def _reference(src):
-    model = (DFlash2Drafter if src.config.family == DFLASH2 else DSparkDrafter)(src.config)
+    model = (DFlash2Drafter if src.config.member is DFLASH2 else DSparkDrafter)(src.config)
     model.load_state_dict({k: torch.tensor(v) for k, v in src.tensors.items()})    # strict: every name matches
     return model.eval()
 
@@ -153,7 +153,7 @@ def _engine_drafts(target, drafter_path, feats, n, *, confidence=False, markov_i
             drafter.process(feats[done:end], done)
             done = end
             proposal = drafter.draft(anchor, end, n, want_logits=dspark)
-            lattice = tuple(np.array(a) for a in drafter.lattice(rows)) if drafter.member == DFLASH2 else None
+            lattice = tuple(np.array(a) for a in drafter.lattice(rows)) if drafter.member == DFLASH2.name else None
             conf = np.array(drafter.ctx.nextn_rows(rows)[:, 0]) if confidence else None
             logits = np.array(drafter.ctx.logits_all(rows))
             if dspark:                        # the chain's rows (the numpy chain's are not in llama.cpp's buffer)

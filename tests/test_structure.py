@@ -77,3 +77,11 @@ def test_the_checks_see_imports():
     graph = import_graph()
     assert "dflash_gguf.engine.session" in _reached(graph, ENTRY)
     assert "dflash_gguf.native.wrappers" in graph["dflash_gguf.engine.target"] | _reached(graph, "dflash_gguf.engine.target")
+
+
+def test_the_torch_reference_shares_no_class_name_with_the_engine():
+    def classes(folder: str) -> set[str]:
+        return {node.name for path in (PACKAGE / folder).rglob("*.py")
+                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(node, ast.ClassDef)}
+    assert classes("drafter") and classes("engine")
+    assert not classes("drafter") & classes("engine"), "a reader of a traceback cannot tell which one ran"

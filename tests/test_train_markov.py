@@ -185,7 +185,7 @@ def test_a_trained_markov_drafter_validates_opens_as_dspark_and_decodes_like_pla
     from dflash_gguf.native.wrappers import ContextSettings, Model
     target, tr, vocab = dspark
     out = _export(tmp_path, target, tr, vocab, "q8_0")       # the writer load-checks it in llama.cpp too
-    assert check_family(check_drafter(out, target)) == "DSpark"
+    assert check_family(check_drafter(out, target)).name == "DSpark"
     report = inspect_drafter(out, target)
     assert report["family"] == "DSpark" and report["markov_rank"] == 64 and report["sample_from_anchor"] is False
     assert report["draft_vocab"] == 80 and report["training"]["markov_rank"] == 64 and report["fits_target"]

@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 
-from .. import gguf_family
 from ..drafter.config import DrafterConfig
 from ..errors import UserError
 from ..gguf_check import fit_problems as shared_fit_problems, refuse_misfit
@@ -32,10 +31,7 @@ def fit_problems(config: DrafterConfig, target: TargetInfo) -> list[str]:
         problems.append(f"block size {c.block_size} leaves no slot to draft (needs >= 2)")
     if not c.target_layers:
         problems.append("no target layers")
-    if c.family == gguf_family.DFLASH2:
-        problems += gguf_family.dflash2_problems(c.hidden_size, c.conv_kernel_size or 0, c.conv_group_size or 0,
-                                                 c.selector_rank or 0, c.selector_top_k or 0)
-    return problems
+    return problems + c.member.problems(c.hidden_size, c.member_settings())
 
 
 def check_fits(config: DrafterConfig, target: TargetInfo, source: str) -> None:
@@ -60,13 +56,7 @@ def fit_warnings(config: DrafterConfig, target: TargetInfo, trained_for: str | N
 
 def family_shapes(c: DrafterConfig, n_vocab: int) -> dict[str, tuple[int, ...]]:
     """z-lab name → torch shape of every tensor the family member `c` adds to DFlash (gguf_family's tables)."""
-    if c.family == gguf_family.DFLASH2:
-        ne = gguf_family.dflash2_shapes(c.hidden_size, n_vocab, c.n_layers, c.conv_kernel_size, c.conv_group_size,
-                                        c.selector_rank)
-    elif c.family == gguf_family.DSPARK:
-        ne = gguf_family.dspark_shapes(c.hidden_size, n_vocab, c.markov_rank, c.confidence_head)
-    else:
-        return {}
+    ne = c.member.shapes(c.hidden_size, c.n_layers, n_vocab, c.member_settings())
     return {hf_tensor_name(name): tuple(reversed(shape)) for name, shape in ne.items()}
 
 

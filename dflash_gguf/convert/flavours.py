@@ -17,6 +17,7 @@ import numpy as np
 
 from ..drafter.config import DrafterConfig, official_target_layer_ids
 from ..errors import UserError
+from ..gguf_family import MEMBERS
 from .draft_vocab import DraftVocab, check_d2t, rows_over_vocab
 from .hparams import read_hparams
 from .names import hf_tensor_name
@@ -183,20 +184,20 @@ def normalize_gguf(path: Path, flavour: Flavour, target: TargetInfo | None,
             rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(get("rope.freq_base", 10000.0)), **extra)
         config.post_norms = any(n.endswith(".post_ffw_norm.weight") for n in by_name)
-        if "markov_w1.weight" in by_name:
-            config.markov_rank = int(by_name["markov_w1.weight"].shape[0])
-            config.confidence_head = "conf_proj.weight" in by_name
-            if config.sample_from_anchor is None:
-                config.sample_from_anchor = True       # upstream's default when the key is absent
-        if config.family == "DFlash2":
-            missing = [k for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-                       if getattr(config, k) is None]
-            if missing:
-                raise UserError(f"{path}: a DFlash2 drafter (selector tensors) without {', '.join(missing)} in its "
-                                "metadata; convert it from its HF checkpoint")
-        elif "selector_hidden.weight" in by_name:
-            raise UserError(f"{path}: a DFlash2 drafter (selector tensors) without its "
-                            f"{flavour.arch}.selector_rank key; convert it from its HF checkpoint")
+        for m in (m for m in MEMBERS if m.marker in by_name):
+            for key, value in m.defaults.items():              # upstream's, when the key is absent
+                if getattr(config, key) is None:
+                    setattr(config, key, value)
+            for key, value in m.from_tensors({n: t.shape for n, t in by_name.items()}).items():
+                if key in m.settings:
+                    setattr(config, key, value)
+            if config.member is not m and m.setting in m.keys:
+                raise UserError(f"{path}: a {m.name} drafter ({m.part}) without its {flavour.arch}.{m.setting} key; "
+                                "convert it from its HF checkpoint")
+        missing = [k for k in config.member.keys if getattr(config, k) is None]
+        if missing:
+            raise UserError(f"{path}: a {config.family} drafter ({config.member.part}) without {', '.join(missing)} "
+                            "in its metadata; convert it from its HF checkpoint")
     except (ValueError, TypeError) as e:
         raise UserError(f"{path}: inconsistent drafter metadata: {e}") from e
     ours = r.fields.get("dflash_gguf.target.name")

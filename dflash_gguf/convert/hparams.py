@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from ..drafter.config import DrafterConfig
 from ..errors import UserError
+from ..gguf_family import MEMBERS
 
 ROPE_SCALING_TYPES = ("linear", "yarn")
 # DrafterConfig field → GGUF key suffix after "{arch}."; all read by llama.cpp's dflash loader
@@ -19,15 +20,9 @@ SCALAR_KEYS = {
     "logit_scale": "logit_scale",
     "final_logit_softcapping": "final_logit_softcapping",
 }
-# DFlash2: DrafterConfig field → GGUF key suffix (uint32; llama.cpp needs all four with the selector)
-FAMILY_KEYS = {
-    "conv_kernel_size": "conv_kernel_size",
-    "conv_group_size": "conv_group_size",
-    "selector_rank": "selector_rank",
-    "selector_top_k": "selector_top_k",
-}
+# the family members' own keys: DrafterConfig field = GGUF key suffix, uint32 or bool (gguf_family.Member.keys)
+FAMILY_KEYS = {k: kind for m in MEMBERS for k, kind in m.keys.items()}
 HIDDEN_ACT = "hidden_activation"               # silu (absent) | gelu: llama.cpp's dflash loader reads both
-SAMPLE_FROM_ANCHOR = "sample_from_anchor"       # DSpark: bool, absent = true upstream
 # z-lab is_causal (bool, absent = None): llama.cpp reads it into hparams.causal_attn; with it false, patches/0005
 # leaves the sliding layers non-causal too
 CAUSAL = "attention.causal"
@@ -92,12 +87,10 @@ def write_hparams(w, arch: str, c: DrafterConfig) -> None:
         value = getattr(c, field)
         if value is not None:
             w.add_float32(f"{arch}.{suffix}", float(value))
-    for field, suffix in FAMILY_KEYS.items():
-        value = getattr(c, field)
+    for key, kind in FAMILY_KEYS.items():
+        value = getattr(c, key)
         if value is not None:
-            w.add_uint32(f"{arch}.{suffix}", int(value))
-    if c.sample_from_anchor is not None:
-        w.add_bool(f"{arch}.{SAMPLE_FROM_ANCHOR}", bool(c.sample_from_anchor))
+            (w.add_bool if kind is bool else w.add_uint32)(f"{arch}.{key}", kind(value))
     if c.hidden_act != "silu":
         w.add_string(f"{arch}.{HIDDEN_ACT}", c.hidden_act)
 
@@ -111,15 +104,15 @@ def read_hparams(get: Callable[[str], Any], n_layers: int, head_dim: int, where:
             raise UserError(f"{where}: {suffix} is set; drafters with attention scales are not supported")
     kwargs: dict[str, Any] = {field: (float(get(suffix)) if get(suffix) is not None else None)
                               for field, suffix in SCALAR_KEYS.items()}
-    kwargs |= {field: int(get(suffix)) for field, suffix in FAMILY_KEYS.items() if get(suffix) is not None}
+    for key, kind in FAMILY_KEYS.items():
+        value = get(key)
+        if value is not None:
+            kwargs[key] = str(value).lower() == "true" if kind is bool else int(value)
     act = get(HIDDEN_ACT)
     if act is not None:
         if str(act) not in ("silu", "gelu", "gelu_pytorch_tanh"):
             raise UserError(f"{where}: hidden activation '{act}' is not supported (silu or gelu)")
         kwargs["hidden_act"] = "silu" if str(act) == "silu" else "gelu"
-    anchor = get(SAMPLE_FROM_ANCHOR)
-    if anchor is not None:
-        kwargs["sample_from_anchor"] = str(anchor).lower() == "true"
     causal = get(CAUSAL)
     if causal is not None:
         kwargs["is_causal"] = str(causal).lower() == "true"

@@ -25,7 +25,7 @@ def inspect_drafter(path: Path, target: Path | None = None) -> dict:
         "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling, "sliding_window": c.sliding_window,
         "layer_types": c.layer_types, "embedding_scale": c.embedding_scale,
         "draft_vocab": _draft_vocab_size(path) or "full (the target's LM head)",
-        "trained_for": src.trained_for, "notes": src.notes, **_family_settings(c),
+        "trained_for": src.trained_for, "notes": src.notes, **c.member_settings(),
         "training": {k.removeprefix("dflash_gguf.train."): f.contents() for k, f in fields.items()
                      if k.startswith("dflash_gguf.train.")},
     }
@@ -42,13 +42,3 @@ def _draft_vocab_size(path: Path) -> int | None:
     d2t = next((t for t in read_gguf(path, "drafter GGUF").tensors if t.name == "d2t"), None)
     return int(d2t.n_elements) if d2t is not None else None
 
-
-def _family_settings(c) -> dict:
-    """The settings only DFlash2 / DSpark drafters have."""
-    if c.family == "DFlash2":
-        return {"conv_kernel_size": c.conv_kernel_size, "conv_group_size": c.conv_group_size,
-                "selector_rank": c.selector_rank, "selector_top_k": c.selector_top_k}
-    if c.family == "DSpark":
-        return {"markov_rank": c.markov_rank, "confidence_head": c.confidence_head,
-                "sample_from_anchor": c.sample_from_anchor}
-    return {}

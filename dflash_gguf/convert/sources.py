@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..drafter.config import DrafterConfig, official_target_layer_ids
 from ..errors import UserError
+from ..gguf_family import DFLASH2, DSPARK, Member
 from .flavours import detect_flavour, normalize_gguf
 from .hparams import rope_scaling_from_hf
 from .normalized import DrafterSource, target_from_drafter_name
@@ -35,12 +36,9 @@ _REFUSED = (
 )
 
 
-def is_dflash2(hf: dict) -> bool:
-    return "DFlash2" in str(hf.get("architectures")) or _cfg(hf, "selector_rank") is not None
-
-
-def is_dspark(hf: dict) -> bool:
-    return "DSpark" in str(hf.get("architectures")) or _cfg(hf, "markov_rank") is not None
+def _is_member(hf: dict, member: Member) -> bool:
+    """Is the config the family member's: its architecture names it, or it has the member's own setting?"""
+    return member.name in str(hf.get("architectures")) or _cfg(hf, member.setting) is not None
 
 
 def _cfg(hf: dict, key: str, default=None):
@@ -133,7 +131,7 @@ def _config_from_hf(hf: dict, cfg_path: Path, target: TargetInfo, block_size: in
 
 def _family_from_hf(hf: dict, tensors: dict, config: DrafterConfig, notes: list[str], cfg_path: Path) -> None:
     """Fill the DFlash2 / DSpark settings of `config` from the config (or, where it is silent, the tensors)."""
-    if is_dflash2(hf):
+    if _is_member(hf, DFLASH2):
         base = tensors.get("layers.0.attention_conv.base_kernel")
         book = tensors.get("candidate_selector.hidden_projection.weight")
         if base is None or book is None:
@@ -147,7 +145,7 @@ def _family_from_hf(hf: dict, tensors: dict, config: DrafterConfig, notes: list[
         config.selector_top_k = int(_cfg(hf, "selector_top_k") or 16)
         notes.append(f"DFlash2: conv kernel {config.conv_kernel_size}, group {config.conv_group_size}, "
                      f"selector rank {config.selector_rank}, top-k {config.selector_top_k}")
-    if is_dspark(hf):
+    if _is_member(hf, DSPARK):
         w1 = tensors.get("markov_head.markov_w1.weight")
         if w1 is None:
             raise UserError(f"{cfg_path}: a DSpark config, but model.safetensors has no markov_head tensors; "

@@ -130,7 +130,7 @@ def write_dflash_gguf(tensors: dict[str, np.ndarray], config: DrafterConfig, tar
     target = read_target(Path(target_gguf))
     check_fits(config, target, source)
     check_shapes(tensors, config, source, target.n_vocab)
-    if draft_vocab is not None and config.family == gguf_family.DFLASH2:
+    if draft_vocab is not None and not config.member.draft_vocab:
         raise ConvertError(f"{source}: a {config.family} drafter with a reduced draft vocabulary (d2t) is not "
                            "supported; convert it without --draft-vocab")
     if draft_vocab is not None and draft_vocab.token_ids.max(initial=-1) >= target.n_vocab:

@@ -55,11 +55,17 @@ class DrafterConfig:
             raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
 
     @property
+    def member(self) -> gguf_family.Member:
+        """Which member of the DFlash family: the one whose own setting is set (DFlash2 before DSpark)."""
+        return next((m for m in gguf_family.MEMBERS if m.setting and getattr(self, m.setting)), gguf_family.DFLASH)
+
+    @property
     def family(self) -> str:
-        """Which member of the DFlash family: "DFlash2", "DSpark" or "DFlash" (gguf_family)."""
-        if self.selector_rank:
-            return gguf_family.DFLASH2
-        return gguf_family.DSPARK if self.markov_rank else gguf_family.DFLASH
+        return self.member.name
+
+    def member_settings(self) -> dict:
+        """The settings only its family member has (gguf_family.Member.settings)."""
+        return {k: getattr(self, k) for k in self.member.settings}
 
     @property
     def n_taps(self) -> int:

@@ -131,7 +131,7 @@ class DecoderLayer(nn.Module):
 
 
 class DFlashDrafter(nn.Module):
-    layer_class = DecoderLayer          # DFlash2 (torch_ref_family) wraps its sublayers in convolutions
+    layer_class = DecoderLayer          # DFlash2 (tests/helpers/torch_ref_family.py) wraps its sublayers
 
     def __init__(self, config: DrafterConfig, markov_columns: int | None = None):
         """markov_columns: with `config.markov_rank`, a DSpark Markov head (markov.py) over this many logit

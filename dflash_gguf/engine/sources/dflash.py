@@ -36,7 +36,7 @@ def check_drafter_fits(drafter: Model, target: Model) -> None:
 class DFlashSource(DraftSource):
     """A `dflash` GGUF run by llama.cpp, sharing the target's embeddings and LM head via ctx_other."""
 
-    member = DFLASH                          # the DFlash family member (DFlash2Source, DSparkSource override it)
+    member = DFLASH.name                          # the DFlash family member (DFlash2Source, DSparkSource override it)
 
     def __init__(self, model: Model, target_ctx: Context, settings: ContextSettings, target_model: Model,
                  *, window: int | None = None):

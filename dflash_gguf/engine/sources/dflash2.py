@@ -22,7 +22,7 @@ from .dflash import DFlashSource
 
 
 class DFlash2Source(DFlashSource):
-    member = DFLASH2
+    member = DFLASH2.name
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

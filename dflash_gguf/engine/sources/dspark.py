@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...gguf_check import parse_header
-from ...gguf_family import DSPARK, SAMPLE_FROM_ANCHOR_KEY
+from ...gguf_family import DSPARK
 from ...gguf_reader import open_gguf
 from .base import Proposal
 from .dflash import DFlashSource
@@ -78,13 +78,14 @@ class NumpyMarkovHead:
 
 
 class DSparkSource(DFlashSource):
-    member = DSPARK
+    member = DSPARK.name
 
     def __init__(self, *args, markov_in_graph: bool | None = None, **kwargs):
         """markov_in_graph: where the chain runs; None: in the graph when the drafter is offloaded to a GPU,
         here otherwise."""
         super().__init__(*args, **kwargs)
-        self.anchor_first = (self.model.meta(SAMPLE_FROM_ANCHOR_KEY) or "true").lower() == "true"
+        anchor = self.model.meta("dflash.sample_from_anchor")
+        self.anchor_first = DSPARK.defaults["sample_from_anchor"] if anchor is None else anchor.lower() == "true"
         self.markov: NumpyMarkovHead | None = None
         self.rates_slots = False                 # hand the confidence head's estimates to the loop
         self.place_chain(self.model.on_gpu if markov_in_graph is None else markov_in_graph)

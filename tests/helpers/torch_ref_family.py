@@ -3,7 +3,8 @@
 Written from z-lab dflash `dflash/model.py` (GroupedDynamicCausalConv, CandidateSelector, DFlash2DraftModel)
 and DeepSpec `deepspec/modeling/dspark/{qwen3/modeling,markov_head,common}.py` (vanilla Markov head,
 confidence head); the parity reference for llama.cpp's `dflash` graph (src/models/dflash.cpp:
-build_dflash2_conv, build_dflash2_selector, build_dspark_markov_head) in tests/test_family_parity.py.
+build_dflash2_conv, build_dflash2_selector, build_dspark_markov_head) in tests/test_family_parity.py. Train builds
+DFlash and DSpark drafters from drafter/torch_ref.py alone; only the parity tests need DFlash2's layers.
 Parameter names are the checkpoints' (z-lab: the codebooks carry no ".weight"), so `load_state_dict` takes
 what `convert.sources.read_source` reads from a published folder.
 
@@ -19,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import DrafterConfig
-from .torch_ref import DecoderLayer, DFlashDrafter
+from dflash_gguf.drafter.config import DrafterConfig
+from dflash_gguf.drafter.torch_ref import DecoderLayer, DFlashDrafter
 
 
 # --- DFlash2 -------------------------------------------------------------------------------------------
