@@ -12,12 +12,21 @@ from .errors import UserError
 
 class TargetFile:
     def __init__(self, path: Path):
+        """The target at `path`, validated (gguf_check.check_target: a missing, damaged or non-target file is a
+        one-line error naming it) before llama.cpp ever sees it."""
         from .gguf_check import check_target  # noqa: PLC0415
         self.path = Path(path)
-        self.header = check_target(self.path)     # the validation every command runs before llama.cpp sees a file
-        self.arch = arch = self.header.arch          # check_target: present, with block count and hidden size
-        if "dflash" in arch:
+        self.header = check_target(self.path)
+        self._model = None
+        if "dflash" in self.header.arch:
             raise UserError(f"{self.path} is a DFlash drafter, not a target model; pass the model it drafts for")
+        try:
+            self._read_facts()
+        except (TypeError, ValueError) as e:
+            raise UserError(f"{self.path}: not a readable GGUF target ({type(e).__name__}: {e})") from None
+
+    def _read_facts(self) -> None:
+        self.arch = arch = self.header.arch          # check_target: present, with block count and hidden size
         value = self.header.value
         self.name = str(value("general.name", self.path.stem))
         self.n_embd = int(value(f"{arch}.embedding_length"))
@@ -31,7 +40,6 @@ class TargetFile:
         self.head_dim = int(value(f"{arch}.attention.key_length", self.n_embd // self.n_head))
         self.n_ff = int(value(f"{arch}.feed_forward_length", 0))
         self.rms_eps = float(value(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6))
-        self._model = None
 
     @classmethod
     def open(cls, path: Path) -> "TargetFile":

@@ -17,11 +17,12 @@ import numpy as np
 
 from ..drafter.config import DrafterConfig, official_target_layer_ids
 from ..errors import UserError
+from ..gguf_reader import read_gguf
+from ..target_file import TargetFile
 from .draft_vocab import DraftVocab, check_d2t, rows_over_vocab
 from .hparams import read_hparams
 from .names import hf_tensor_name
 from .normalized import DrafterSource, target_from_drafter_name
-from .target_info import TargetInfo, read_gguf
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def _required(r, keys: tuple[str, ...], what: str, path: Path):
     return value
 
 
-def normalize_gguf(path: Path, flavour: Flavour, target: TargetInfo | None,
+def normalize_gguf(path: Path, flavour: Flavour, target: TargetFile | None,
                    load_tensors: bool = True) -> DrafterSource:
     """A flavoured drafter GGUF as a DrafterSource (z-lab-named float32 tensors; none when not
     `load_tensors`). Without a target, missing target layer ids stay empty and vocab_size 0."""
@@ -212,7 +213,7 @@ def normalize_gguf(path: Path, flavour: Flavour, target: TargetInfo | None,
                          train_metadata={k: f.contents() for k, f in r.fields.items() if k.startswith("dflash_gguf.train.")})
 
 
-def _draft_vocab(by_name: dict, target: TargetInfo | None, path: Path) -> DraftVocab:
+def _draft_vocab(by_name: dict, target: TargetFile | None, path: Path) -> DraftVocab:
     """The reduced vocabulary of an upstream-schema drafter: its d2t ids and its own head rows, as stored."""
     head = by_name.get("output.weight")
     if head is None:

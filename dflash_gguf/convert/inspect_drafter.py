@@ -5,14 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from .checks import fit_problems, fit_warnings
+from ..gguf_reader import read_gguf
+from ..target_file import TargetFile
 from .flavours import detect_flavour, normalize_gguf
-from .target_info import read_gguf, read_target
 
 
 def inspect_drafter(path: Path, target: Path | None = None) -> dict:
     """Geometry, DFlash settings, training metadata and (with `target`) whether it fits, as a flat dict."""
     flavour = detect_flavour(path)
-    tinfo = read_target(target) if target else None
+    tinfo = TargetFile.open(target) if target else None
     src = normalize_gguf(path, flavour, tinfo, load_tensors=False)
     c = src.config
     fields = read_gguf(path, "drafter GGUF").fields
