@@ -10,7 +10,6 @@ Big-endian files fall back to gguf-py.
 
 from __future__ import annotations
 
-import functools
 import mmap
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from .errors import UserError
 from .gguf_check import BigEndianGGUF, Field, parse_header
 
 _PLAIN = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,
@@ -64,18 +62,3 @@ def open_gguf(path: str | Path):
     except BigEndianGGUF:
         import gguf  # noqa: PLC0415
         return gguf.GGUFReader(str(path))
-
-
-def read_gguf(path: Path, what: str = "file"):
-    """open_gguf(path), reused while the file is unchanged: convert and inspect read a drafter's header several
-    times. `what` names the file in the error when it is missing."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: no such {what}")
-    st = path.stat()
-    return _cached(str(path), str(path.resolve()), st.st_size, st.st_mtime_ns)   # gguf_check names bad files
-
-
-@functools.lru_cache(maxsize=4)
-def _cached(shown: str, resolved: str, size: int, mtime_ns: int):
-    return open_gguf(shown)

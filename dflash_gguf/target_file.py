@@ -10,51 +10,55 @@ from pathlib import Path
 from .errors import UserError
 
 
+class _Fact:
+    """A number under "{arch}.<key>" in the header, read on first use: what convert and train need to shape a
+    drafter (the engine reads none of them, so a target they cannot describe still runs)."""
+
+    def __init__(self, key: str, kind=int, default=None):
+        self.key, self.kind, self.default = key, kind, default
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, target: "TargetFile", owner=None):
+        raw = target.header.value(f"{target.arch}.{self.key}")
+        try:
+            value = (self.default(target) if callable(self.default) else self.default) if raw is None \
+                else self.kind(raw)
+        except (TypeError, ValueError):
+            raise UserError(f"{target.path}: {target.arch}.{self.key} is {raw!r}, not one number; a drafter "
+                            "cannot be shaped for this target") from None
+        target.__dict__[self.name] = value
+        return value
+
+
 class TargetFile:
+    n_embd = _Fact("embedding_length")                # check_target: present, with the block count
+    n_layer = _Fact("block_count")
+    n_ctx_train = _Fact("context_length", int, 0)
+    rope_theta = _Fact("rope.freq_base", float)       # None: the file does not say
+    n_head = _Fact("attention.head_count", int, 1)
+    n_head_kv = _Fact("attention.head_count_kv", int, lambda t: t.n_head)
+    head_dim = _Fact("attention.key_length", int, lambda t: t.n_embd // t.n_head)
+    n_ff = _Fact("feed_forward_length", int, 0)
+    rms_eps = _Fact("attention.layer_norm_rms_epsilon", float, 1e-6)
+
     def __init__(self, path: Path):
-        """The target at `path`, validated (gguf_check.check_target: a missing, damaged or non-target file is a
-        one-line error naming it) before llama.cpp ever sees it."""
+        """The target at `path`, validated by gguf_check.check_target before llama.cpp ever sees it (a missing,
+        damaged or non-target file is a one-line error naming it)."""
         from .gguf_check import check_target  # noqa: PLC0415
         self.path = Path(path)
         self.header = check_target(self.path)
-        self._model = None
-        if "dflash" in self.header.arch:
+        self.arch: str = self.header.arch
+        if "dflash" in self.arch:
             raise UserError(f"{self.path} is a DFlash drafter, not a target model; pass the model it drafts for")
-        try:
-            self._read_facts()
-        except (TypeError, ValueError) as e:
-            raise UserError(f"{self.path}: not a readable GGUF target ({type(e).__name__}: {e})") from None
-
-    def _read_facts(self) -> None:
-        self.arch = arch = self.header.arch          # check_target: present, with block count and hidden size
-        value = self.header.value
-        self.name = str(value("general.name", self.path.stem))
-        self.n_embd = int(value(f"{arch}.embedding_length"))
-        self.n_layer = int(value(f"{arch}.block_count"))
-        self.n_vocab = self.header.n_vocab()
-        self.n_ctx_train = int(value(f"{arch}.context_length", 0) or 0)
-        rope = value(f"{arch}.rope.freq_base")
-        self.rope_theta = None if rope is None else float(rope)      # None: the file does not say
-        self.n_head = int(value(f"{arch}.attention.head_count", 1))
-        self.n_head_kv = int(value(f"{arch}.attention.head_count_kv", self.n_head))
-        self.head_dim = int(value(f"{arch}.attention.key_length", self.n_embd // self.n_head))
-        self.n_ff = int(value(f"{arch}.feed_forward_length", 0))
-        self.rms_eps = float(value(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6))
+        self.name = str(self.header.value("general.name", self.path.stem))
+        self.n_vocab: int = self.header.n_vocab()
+        self._model = None
 
     @classmethod
     def open(cls, path: Path) -> "TargetFile":
         return cls(path)
-
-    @classmethod
-    def of(cls, target: "TargetFile | Path | str") -> "TargetFile":
-        """`target` itself, or the target file at that path (for callers that hold a path only)."""
-        return target if isinstance(target, TargetFile) else cls(Path(target))
-
-    @property
-    def tokenizer_fields(self) -> dict:
-        """key → (value, GGUFValueType, sub type) of every tokenizer key, for copying into a drafter."""
-        return {key: (f.value, f.types[0], f.types[1] if len(f.types) > 1 else None)
-                for key, f in self.header.fields.items() if key.startswith("tokenizer.")}
 
     @property
     def mask_token(self) -> int:
@@ -99,8 +103,7 @@ class TargetFile:
             self._model.close()
             self._model = None
 
-    def close(self) -> None:
-        self.release_model()
+    close = release_model
 
     def __enter__(self) -> "TargetFile":
         return self

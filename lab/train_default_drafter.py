@@ -89,7 +89,7 @@ if a.threads:
 target = smollm2_q4_1()
 target_file = TargetFile.open(target)
 prompts = load(DEFAULT_PROMPTS)
-data = dataset_dir(file_sha256(target), prompts_sha256(prompts), SEED)
+data = dataset_dir(target_file.sha256, prompts_sha256(prompts), SEED)
 work = a.work_dir or cache_root() / "train" / f"smollm2-default-{data.name}"
 harvest = recipe.harvest_settings(n_threads=a.threads, n_parallel=a.parallel)
 train = TrainSettings(n_layers=a.n_layers, block_size=recipe.BLOCK_SIZE, rows=a.rows, lr=a.lr, warmup=0.03, anchors_per_seq=a.anchors,
@@ -104,7 +104,7 @@ if a.harvest_only:
     span = tuple(int(x) for x in a.prompt_range.split(":")) if a.prompt_range else None
     w = run_harvest(target_file, prompts, data, harvest, max_tokens=a.tokens, shard=shard, prompt_range=span,
                     max_seconds=a.harvest_minutes * 60 if a.harvest_minutes is not None else None,
-                    meta_extra={"target_sha256": file_sha256(target), "prompts_sha256": prompts_sha256(prompts)})
+                    meta_extra={"target_sha256": target_file.sha256, "prompts_sha256": prompts_sha256(prompts)})
     print(json.dumps({"data_dir": str(data), "sequences": len(w.done), "tokens": w.offset,
                       "this_run": {"seconds": round(w.seconds, 1), "response_tokens": w.n_response_written,
                                    "response_tok_s": round(w.n_response_written / max(w.seconds, 1e-9), 1)}}))

@@ -93,4 +93,5 @@ def test_layers_start_as_the_targets_own_with_fused_tensors_split_and_qk_unpermu
     assert {"layers.0.attn_post_norm.weight", "layers.0.ffn_post_norm.weight"} <= set(got)
     llama = write_tiny_target(tmp_path / "llama.gguf", "llama")
     q = tensor(llama, "blk.3.attn_q.weight")
-    assert not np.array_equal(layer_init(TargetFile.open(llama), 3, 1)["layers.0.self_attn.q_proj.weight"], q)   # unpermuted
+    got = layer_init(TargetFile.open(llama), 3, 1)
+    assert not np.array_equal(got["layers.0.self_attn.q_proj.weight"], q)   # unpermuted

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..drafter.config import DrafterConfig, official_target_layer_ids
 from ..errors import UserError
-from ..gguf_reader import read_gguf
+from ..gguf_reader import open_gguf
 from ..target_file import TargetFile
 from .draft_vocab import DraftVocab, check_d2t, rows_over_vocab
 from .hparams import read_hparams
@@ -75,7 +75,7 @@ _BORROWED = ("token_embd.weight", "output.weight", "output_extra.weight")
 
 
 def detect_flavour(path: Path) -> Flavour:
-    r = read_gguf(path, "drafter GGUF")
+    r = open_gguf(path)
     f = r.fields.get("general.architecture")
     arch = f.contents() if f is not None else None
     tensor_names = {t.name for t in r.tensors}
@@ -114,7 +114,7 @@ def normalize_gguf(path: Path, flavour: Flavour, target: TargetFile | None,
     """A flavoured drafter GGUF as a DrafterSource (z-lab-named float32 tensors; none when not
     `load_tensors`). Without a target, missing target layer ids stay empty and vocab_size 0."""
     import gguf  # noqa: PLC0415
-    r = read_gguf(path, "drafter GGUF")
+    r = open_gguf(path)
 
     def get(suffix, default=None):
         f = r.fields.get(f"{flavour.arch}.{suffix}")

@@ -62,9 +62,9 @@ def add_decoder_hparams(w, *, n_layer: int, n_ctx: int, n_embd: int, n_ff: int, 
 
 def add_target_tokenizer(w, target: TargetFile, mask_token_id: int) -> None:
     """The target's tokenizer keys, types kept, with the drafter's mask token."""
-    for key, (value, vtype, sub) in target.tokenizer_fields.items():
-        if key != "tokenizer.ggml.mask_token_id":
-            w.add_key_value(key, value, vtype, sub_type=sub)
+    for key, f in target.header.fields.items():
+        if key.startswith("tokenizer.") and key != "tokenizer.ggml.mask_token_id":
+            w.add_key_value(key, f.value, f.types[0], sub_type=f.types[1] if len(f.types) > 1 else None)
     w.add_uint32("tokenizer.ggml.mask_token_id", mask_token_id)
 
 
@@ -130,7 +130,7 @@ def write_dflash_gguf(tensors: dict[str, np.ndarray], config: DrafterConfig, tar
     if out_path.exists() and not force:
         raise ConvertError(f"{out_path} exists; pass --force to overwrite it")
     opened = not isinstance(target, TargetFile)         # a path: opened, and its model freed, here
-    target = TargetFile.of(target)
+    target = TargetFile.open(target) if opened else target
     check_fits(config, target, source)
     check_shapes(tensors, config, source, target.n_vocab)
     if draft_vocab is not None and config.family == gguf_family.DFLASH2:

@@ -189,6 +189,7 @@ def harvest(target: TargetFile, prompts: list[dict], out: Path, settings: Harves
     shard (i, n): this process takes the prompts whose index is i mod n (n single-threaded processes beat
     one n-threaded one on a busy machine: ggml's threads wait for each other at every op).
     prompt_range [a, b): only these prompt indices (e.g. prompts a drafter being continued has not seen)."""
+    from ..native.wrappers import Batch, Context, ContextSettings  # noqa: PLC0415
     model = target.model(settings.n_gpu_layers)
     meta = {"target": target.path.name, "target_arch": model.arch, "taps": list(settings.taps),
             "n_embd": model.n_embd, "seed": settings.seed, "store_features": settings.store_features,
@@ -198,59 +199,49 @@ def harvest(target: TargetFile, prompts: list[dict], out: Path, settings: Harves
     lo, hi = prompt_range or (0, len(prompts))
     queue = [(i, r) for i, r in enumerate(prompts)
              if lo <= i < hi and i not in writer.done and i % shard[1] == shard[0]]
-    with _Generator(model, settings, writer, queue) as gen:
-        budget = _Budget(writer, max_tokens, max_seconds)
-        for seq in range(settings.n_parallel):
-            if budget.spent():
-                break
-            gen.start(seq)
-        while gen.slots and not budget.spent():
-            gen.step(budget)
-            if progress:
-                progress(writer, time.time() - budget.t0)
-        gen.finish_all()
-    writer.seconds = time.time() - budget.t0
+    n_par = settings.n_parallel
+    with contextlib.ExitStack() as stack:      # the context and batch are freed however the harvest ends
+        ctx = stack.enter_context(contextlib.closing(Context(model, ContextSettings(
+            n_ctx=n_par * settings.ctx_per_seq, n_batch=512, n_ubatch=512, n_threads=settings.n_threads,
+            n_seq_max=n_par))))
+        ctx.set_taps(settings.taps)
+        batch = stack.enter_context(contextlib.closing(Batch(model.native, max(512, n_par))))
+        writer.seconds = _Generator(model, ctx, batch, settings, writer, queue).run(max_tokens, max_seconds, progress)
     return writer
-
-
-@dataclass
-class _Budget:
-    writer: DatasetWriter
-    max_tokens: int | None
-    max_seconds: float | None
-    t0: float = field(default_factory=time.time)
-
-    def spent(self) -> bool:
-        return bool((self.max_tokens is not None and self.writer.offset >= self.max_tokens)
-                    or (self.max_seconds is not None and time.time() - self.t0 >= self.max_seconds))
 
 
 class _Generator:
     """n_parallel sequences in one llama.cpp context (one KV stream each); a finished sequence is written and
-    its stream takes the next prompt of `queue`. The context and batch are freed on leaving the `with`."""
+    its stream takes the next prompt of `queue`."""
 
-    def __init__(self, model, settings: HarvestSettings, writer: DatasetWriter, queue: list[tuple[int, dict]]):
-        from ..native.wrappers import Batch, Context, ContextSettings  # noqa: PLC0415
-        self.model, self.s, self.writer, self.K = model, settings, writer, settings.top_k_probs
+    def __init__(self, model, ctx, batch, settings: HarvestSettings, writer: DatasetWriter,
+                 queue: list[tuple[int, dict]]):
+        self.model, self.ctx, self.batch, self.s, self.writer = model, ctx, batch, settings, writer
+        self.K = settings.top_k_probs
         self.queue = queue[::-1]              # pop() from the end takes them in order
         self.slots: dict[int, _Slot] = {}
         self.width = len(settings.taps) * model.n_embd
-        n_par = settings.n_parallel
-        self.ctx = Context(model, ContextSettings(n_ctx=n_par * settings.ctx_per_seq, n_batch=512, n_ubatch=512,
-                                                  n_threads=settings.n_threads, n_seq_max=n_par))
-        try:
-            self.ctx.set_taps(settings.taps)
-            self.batch = Batch(model.native, max(512, n_par))
-        except BaseException:
-            self.ctx.close()
-            raise
 
-    def __enter__(self) -> "_Generator":
-        return self
+    def run(self, max_tokens: int | None, max_seconds: float | None, progress) -> float:
+        """Until the queue is done or a budget is spent (sequences in flight are then kept); returns seconds."""
+        t0 = time.time()
 
-    def __exit__(self, *exc) -> None:
-        self.batch.close()
-        self.ctx.close()
+        def spent() -> bool:
+            return bool((max_tokens is not None and self.writer.offset >= max_tokens)
+                        or (max_seconds is not None and time.time() - t0 >= max_seconds))
+
+        for seq in range(self.s.n_parallel):
+            if spent():
+                break
+            self.start(seq)
+        while self.slots and not spent():
+            self.step(spent)
+            if progress:
+                progress(self.writer, time.time() - t0)
+        for s in list(self.slots.values()):
+            s.spans[-1][1] = len(s.tokens)
+            self.finish(s)
+        return time.time() - t0
 
     def prefill(self, slot: _Slot, toks: list[int]) -> None:
         pos0 = len(slot.tokens)
@@ -265,11 +256,10 @@ class _Generator:
 
     def keep(self, active: list[_Slot], logits: np.ndarray) -> None:
         """Record the target's view of the next position of each slot ([n, V] logits) and pick its token."""
-        K = self.K
-        if K:
-            ids, p = top_k_probs(logits, K)
+        if self.K:
+            ids, p = top_k_probs(logits, self.K)
         for i, slot in enumerate(active):
-            if K:
+            if self.K:
                 slot.topk_ids.append(ids[i])
                 slot.topk_p.append(p[i])
             slot.tokens.append(pick(logits[i], slot.sampling, slot.rng))
@@ -294,7 +284,7 @@ class _Generator:
             self.slots[seq] = slot
             return
 
-    def step(self, budget: _Budget) -> None:
+    def step(self, spent: Callable[[], bool]) -> None:
         """One token for every active sequence; those that end are written and their streams start anew."""
         active = sorted(self.slots.values(), key=lambda s: s.seq)
         self.batch.set_rows([s.tokens[-1] for s in active], [len(s.tokens) - 1 for s in active],
@@ -309,12 +299,12 @@ class _Generator:
             written = len(s.tokens) - s.spans[-1][0]
             if (self.model.is_eog(s.tokens[-1]) or written >= s.max_new) and not self.end_turn(s):
                 self.finish(s)
-                if not budget.spent():
+                if not spent():
                     self.start(s.seq)
 
     def end_turn(self, slot: _Slot) -> bool:
         """Close the current answer; open the next user turn if there is one (True: the slot goes on)."""
-        model, K = self.model, self.K
+        model = self.model
         slot.spans[-1][1] = len(slot.tokens)
         if not slot.followups or not model.is_eog(slot.tokens[-1]) or is_completion(slot.row):
             return False
@@ -328,9 +318,9 @@ class _Generator:
         if not turn or not follow or len(slot.tokens) + len(turn) + 64 > self.s.ctx_per_seq:
             return False
         eog = slot.tokens.pop()           # decoded now, as the first token of the next turn's prefill
-        if K:
-            slot.topk_ids.extend([np.full(K, -1, np.int32)] * len(turn))
-            slot.topk_p.extend([np.zeros(K, np.float32)] * len(turn))
+        if self.K:
+            slot.topk_ids.extend([np.full(self.K, -1, np.int32)] * len(turn))
+            slot.topk_p.extend([np.zeros(self.K, np.float32)] * len(turn))
         self.prefill(slot, [eog] + turn)
         slot.spans.append([len(slot.tokens) - 1, len(slot.tokens) - 1])
         return True
@@ -344,9 +334,3 @@ class _Generator:
                         sampled=not slot.sampling.greedy, feats=feats, topk_ids=ids, topk_p=p)
         self.ctx.seq_rm(0, -1, seq=slot.seq)
         del self.slots[slot.seq]
-
-    def finish_all(self) -> None:
-        """Stopped by a budget: keep what was generated."""
-        for s in list(self.slots.values()):
-            s.spans[-1][1] = len(s.tokens)
-            self.finish(s)
