@@ -50,15 +50,14 @@ def choose_tokens(counts: np.ndarray, k: int, keep: list[int] = ()) -> np.ndarra
 def target_head_rows(target: TargetFile, token_ids: np.ndarray) -> tuple[np.ndarray, object]:
     """Rows `token_ids` of the target's LM head (its token embedding when tied), in the target's own type."""
     t = target.tensors.get("output.weight") or target.tensors.get("token_embd.weight")
-    path = target.path
     if t is None:
-        raise UserError(f"{path}: no output.weight or token_embd.weight tensor; cannot build a draft vocabulary")
+        raise UserError(f"{target.path}: no output.weight or token_embd.weight tensor; cannot build a draft vocabulary")
     rows = np.asarray(t.data)
     n_rows = int(t.shape[1])
     if rows.shape[0] != n_rows:
-        raise UserError(f"{path}: unexpected layout of {t.name} ({rows.shape}); cannot build a draft vocabulary")
+        raise UserError(f"{target.path}: unexpected layout of {t.name} ({rows.shape}); cannot build a draft vocabulary")
     if token_ids.max(initial=-1) >= n_rows:
-        raise UserError(f"{path}: token id {int(token_ids.max())} is outside its LM head ({n_rows} rows); "
+        raise UserError(f"{target.path}: token id {int(token_ids.max())} is outside its LM head ({n_rows} rows); "
                         "count tokens with this target, not another model")
     return np.ascontiguousarray(rows[token_ids]), t.tensor_type
 

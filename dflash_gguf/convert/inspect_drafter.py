@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .checks import fit_problems, fit_warnings
 from ..gguf_reader import open_gguf
 from ..target_file import TargetFile
+from .checks import fit_problems, fit_warnings
 from .flavours import detect_flavour, normalize_gguf
 
 
