@@ -14,11 +14,11 @@ import numpy as np
 
 from .. import gguf_family
 from ..drafter.config import DrafterConfig
+from ..target_file import TargetFile
 from .checks import ConvertError, check_fits, check_shapes
 from .draft_vocab import DraftVocab
 from .hparams import write_hparams
 from .names import gguf_tensor_name
-from ..target_file import TargetFile
 
 __all__ = ["ARCH", "OUTTYPES", "ConvertError", "add_decoder_hparams", "add_target_tokenizer", "finish", "write_dflash_gguf"]
 
@@ -116,8 +116,7 @@ def _write(tensors: dict[str, np.ndarray], config: DrafterConfig, target: Target
 
 
 def write_dflash_gguf(tensors: dict[str, np.ndarray], config: DrafterConfig, target: TargetFile | Path,
-                      out_path: Path,
-                      outtype: str = "f16", extra_metadata: dict | None = None, force: bool = False,
+                      out_path: Path, outtype: str = "f16", extra_metadata: dict | None = None, force: bool = False,
                       name: str = "dflash-drafter", source: str = "drafter", validate: bool = True,
                       draft_vocab: DraftVocab | None = None) -> Path:
     """tensors: z-lab names → float32 [out, in]; the output fits `target` (a TargetFile, or its path: checked)
