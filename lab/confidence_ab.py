@@ -24,7 +24,7 @@ from dflash_gguf.engine.sampling import SamplingParams  # noqa: E402
 from dflash_gguf.engine.session import Engine  # noqa: E402
 from dflash_gguf.settings import EngineSettings  # noqa: E402
 from dflash_gguf.textgen.prompting import format_prompt  # noqa: E402
-from dflash_gguf.bench.tau import load_eval_prompts  # noqa: E402
+from dflash_gguf.bench.prompts import read_rows  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("drafter", type=Path)
@@ -55,7 +55,7 @@ for arm, engine in engines.items():
     engine.policy.observe = priced(arm, engine.policy.observe)
 
 totals = {arm: {} for arm in engines}
-for row in load_eval_prompts(a.prompts, a.per_category):
+for row in read_rows(sorted(a.prompts.glob("*.jsonl")), a.per_category):
     cat = row.get("category", "all")
     outs = {}
     for arm, engine in engines.items():

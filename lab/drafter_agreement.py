@@ -62,8 +62,8 @@ if a.train_prompts:
     lo, hi = (int(x) for x in a.train_prompts.split(":"))
     prompts = load(DEFAULT_PROMPTS)[lo:hi]
 else:
-    from dflash_gguf.bench.tau import load_eval_prompts  # noqa: E402
-    prompts = load_eval_prompts(EVAL, a.per_category)
+    from dflash_gguf.bench.prompts import read_rows  # noqa: E402
+    prompts = read_rows(sorted(EVAL.glob("*.jsonl")), a.per_category)
 
 target_file = TargetFile.open(target)
 source = read_source(str(a.drafter), target_file)

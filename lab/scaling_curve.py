@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
-from dflash_gguf.bench.tau import load_eval_prompts, measure_tau  # noqa: E402
+from dflash_gguf.bench.prompts import read_rows  # noqa: E402
+from dflash_gguf.bench.tau import measure_tau  # noqa: E402
 from dflash_gguf.target_file import TargetFile  # noqa: E402
 from dflash_gguf.train.pipeline import build_trainer, export  # noqa: E402
 from lab.scaling import (SubsetDataset, best_compute_series, extrapolate, measured,  # noqa: E402
@@ -57,7 +58,7 @@ import torch  # noqa: E402
 if a.threads:
     torch.set_num_threads(a.threads)
 target = smollm2_q4_1()
-prompts = load_eval_prompts(a.eval, a.eval_prompts)
+prompts = read_rows(sorted(a.eval.glob("*.jsonl")), a.eval_prompts)
 if not prompts:
     sys.exit(f"{a.eval}: no evaluation prompts")
 report = json.loads(a.out.read_text()) if a.out.exists() else {"points": []}

@@ -117,8 +117,9 @@ def portable(arg: str) -> str:
 
 
 def measure(path: Path):
-    from dflash_gguf.bench.tau import load_eval_prompts, measure_tau  # noqa: PLC0415
-    return measure_tau(path, target, load_eval_prompts(EVAL, a.eval_prompts), max_tokens=128, n_threads=a.threads or 0)
+    from dflash_gguf.bench.prompts import read_rows  # noqa: PLC0415
+    from dflash_gguf.bench.tau import measure_tau  # noqa: PLC0415
+    return measure_tau(path, target, read_rows(sorted(EVAL.glob("*.jsonl")), a.eval_prompts), max_tokens=128, n_threads=a.threads or 0)
 
 
 def snapshot(trainer, vocab, val) -> None:

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from dflash_gguf.bench import upstream
 from dflash_gguf.cli import app
+from dflash_gguf.errors import UserError
 from helpers.engine import write_random_drafter, write_tiny_llama
 
 FAKE_LOG = """llama_model_loader: loaded meta data
@@ -116,6 +117,48 @@ def test_cost_curve_only(files):
     assert set(t) >= {1, 2, 4} and max(t) == rep["draft_max"] + 1 and cc["t_draft_s"] > 0
     assert all(np.isclose(cc["ratios"][str(b)], t[b] / t[1], rtol=1e-12) for b in t)
     assert "verify cost t(B)/t(1): B1=1.00 " in r.output
+
+
+def test_cost_curve_only_without_a_drafter(files):
+    """The lookup source with no -md: the target's verify curve alone (what the GPU check times on random models)."""
+    target, _, _, d = files
+    out = d / "verify-only.json"
+    r = CliRunner().invoke(app, ["bench", "-m", str(target), "--draft-source", "lookup", "--cost-curve-only", "-t", "2",
+                                 "--draft-max", "3", "--json", str(out)])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    rep = json.loads(out.read_text())
+    assert rep["drafter"] is None and rep["drafter_member"] is None
+    assert sorted(int(b) for b in rep["cost_curve"]["t_s"]) == [1, 2, 3, 4] and not rep["cost_curve"]["t_draft_s"]
+    assert "verify cost t(B)/t(1): B1=1.00 " in r.output and "draft" not in r.output.split("t(1)")[-1]
+
+
+def test_tau_per_category_pools_its_prompts(files):
+    """`--tau`: τ per category is the pooled (tokens after the first) / (target calls) of its prompts, within
+    [1, block], and no arm runs."""
+    target, drafter, prompts, d = files
+    out = d / "tau.json"
+    raw = d / "raw.jsonl"     # the tiny target has no chat template: every prompt as a completion
+    raw.write_text("".join(json.dumps(json.loads(line) | {"format": "completion"}) + "\n"
+                           for line in prompts.read_text().splitlines()))
+    r = CliRunner().invoke(app, ["bench", "-m", str(target), "-md", str(drafter), "--tau", "--prompts", str(raw),
+                                 "-n", "24", "-t", "2", "--json", str(out)])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    rep = json.loads(out.read_text())
+    assert "runs" not in rep and rep["prompts"] == {"code": 2, "chat": 1, "math": 1}
+    for cat, tau in rep["tau"].items():
+        mine = [p for p in rep["per_prompt"] if p["category"] == cat]
+        assert tau == round(sum(p["tokens"] - 1 for p in mine) / sum(p["calls"] for p in mine), 3)
+        assert 1.0 <= tau <= 8.0
+    assert len(rep["slot_accept"]) == 7 and all(0.0 <= a <= 1.0 for a in rep["slot_accept"])
+    assert r.output.strip().splitlines()[-1].startswith("τ code 1.000 · chat ")
+
+
+@pytest.mark.parametrize("extra, message", [(["--cost-curve-only"], "choose one"),
+                                            (["--draft-source", "lookup"], "measures a drafter")])
+def test_tau_refusals(files, extra, message):
+    target, _, prompts, _ = files
+    r = CliRunner().invoke(app, ["bench", "-m", str(target), "--tau", "--prompts", str(prompts), *extra])
+    assert isinstance(r.exception, UserError) and message in str(r.exception), r.output
 
 
 def _fake_tool(folder, body: str):

@@ -34,6 +34,9 @@ def register(app: typer.Typer) -> None:
         cost_curve_only: bool = typer.Option(False, "--cost-curve-only",
                                              help="measure only the verify cost t(B)/t(1) and the draft cost "
                                                   "(no prompts needed)"),
+        tau: bool = typer.Option(False, "--tau",
+                                 help="measure only the drafter's τ per category: full blocks drafted along the "
+                                      "target's greedy continuation of each prompt, no timing (for a trained drafter)"),
         chat_template: Optional[str] = chat_template_option(),
         engine_options: dict = None,
     ):
@@ -42,19 +45,24 @@ def register(app: typer.Typer) -> None:
         from ..settings import EngineSettings
         from ..textgen.chat import read_choice
         from .measure import BenchOptions, parse_baselines, run
-        from .table import cost_curve_line, render
+        from .table import cost_curve_line, render, tau_line
 
         options = BenchOptions(list(prompts) + list(more_prompts or []), n_predict, parse_baselines(baselines),
-                               repeat, limit, tools_dir).validate(cost_curve_only)
+                               repeat, limit, tools_dir).validate(cost_curve_only, tau)
         template_choice = read_choice(chat_template)
         settings = EngineSettings.from_env(target=model, drafter=draft, **engine_options)
-        report = run(settings, options, template_choice, cost_curve_only=cost_curve_only)
-        print(cost_curve_line(report["cost_curve"]) if cost_curve_only else render(report), file=sys.stderr)
+        if tau:
+            from .tau import run_tau
+            report = run_tau(settings, options, template_choice)
+            print(tau_line(report), file=sys.stderr)
+        else:
+            report = run(settings, options, template_choice, cost_curve_only=cost_curve_only)
+            print(cost_curve_line(report["cost_curve"]) if cost_curve_only else render(report), file=sys.stderr)
         if report.get("note"):
             print(f"note: {report['note']}", file=sys.stderr)
         if json_out:
             json_out.parent.mkdir(parents=True, exist_ok=True)
             json_out.write_text(json.dumps(report, indent=1))
-        if plot_out and not cost_curve_only:
+        if plot_out and not (cost_curve_only or tau):
             from .plot import plot
             plot(report, plot_out)

@@ -22,8 +22,10 @@ class BenchOptions:
     limit: int | None
     tools_dir: Path | None           # upstream binaries (None: <lib dir>/tools)
 
-    def validate(self, cost_curve_only: bool = False) -> "BenchOptions":
+    def validate(self, cost_curve_only: bool = False, tau: bool = False) -> "BenchOptions":
         """Refuse out-of-range values with the option that sets them (the prompts only where they are read)."""
+        if cost_curve_only and tau:
+            raise UserError("--tau and --cost-curve-only measure different things: choose one")
         if not self.prompts and not cost_curve_only:
             raise UserError("--prompts: give at least one JSONL file (e.g. --prompts code.jsonl math.jsonl)")
         refuse_first(((self.n_predict >= 2, "-n", self.n_predict,
@@ -51,18 +53,21 @@ def run(settings, options: BenchOptions, template_choice=None, *, cost_curve_onl
     from ..engine.session import Engine, check_inputs, require_native
     from .prompts import read_rows
     rows = None if cost_curve_only else read_rows(options.prompts, options.limit)
-    settings = replace(settings, n_threads=settings.n_threads or os.cpu_count() or 1, draft_source="hybrid")
+    # the arms need both draft sources; the cost curve alone follows --draft-source (lookup, no -md: verify only)
+    settings = replace(settings, n_threads=settings.n_threads or os.cpu_count() or 1,
+                       draft_source=settings.draft_source if cost_curve_only else "hybrid")
     check_inputs(settings)
     require_native(settings)
     engine = Engine(settings)
     try:
         if cost_curve_only:
             curve = engine.measure_cost_curve()
-            return {"target": str(engine.target_model.path), "drafter": str(engine.drafter_model.path),
-                    "drafter_member": engine.drafter.member, "threads": settings.n_threads,
-                    "n_gpu_layers": settings.n_gpu_layers, "draft_max": engine.draft_max,
-                    "backend": engine.target_model.native.info.get("backend"),
-                    "cost_curve": cost_curve_report(engine.drafter.short_blocks, curve)}
+            drafter = engine.drafter
+            return {"target": str(engine.target_model.path),
+                    "drafter": drafter and str(engine.drafter_model.path), "drafter_member": drafter and drafter.member,
+                    "threads": settings.n_threads, "n_gpu_layers": settings.n_gpu_layers,
+                    "draft_max": engine.draft_max, "backend": engine.target_model.native.info.get("backend"),
+                    "cost_curve": cost_curve_report(drafter is not None and drafter.short_blocks, curve)}
         return _measure(engine, settings, rows, options, template_choice)
     finally:
         engine.close()

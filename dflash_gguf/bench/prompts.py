@@ -1,6 +1,6 @@
-"""Benchmark prompts from JSONL files: `prompt` (+ optional `id`, `category`) per line.
+"""Benchmark prompts from JSONL files: `prompt` (+ optional `id`, `category`, `format`) per line.
 
-Code prompts are raw completions; the others (chat, math, ...) go through the target's chat template,
+Code prompts (or `"format": "completion"`) are raw completions; the others (chat, math, ...) go through the target's chat template,
 exactly as `dflash-gguf run --chat` formats them.
 """
 
@@ -11,9 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-
-RAW_CATEGORIES = ("code",)
-
 
 @dataclass
 class BenchPrompt:
@@ -43,7 +40,8 @@ def read_rows(files: list[Path], limit: int | None) -> list[dict]:
             if limit is not None and per_cat.get(cat, 0) >= limit:
                 continue
             per_cat[cat] = per_cat.get(cat, 0) + 1
-            rows.append({"id": str(row.get("id", f"{f.stem}-{i + 1}")), "category": cat, "prompt": text})
+            rows.append({"id": str(row.get("id", f"{f.stem}-{i + 1}")), "category": cat, "prompt": text}
+                        | ({"format": row["format"]} if "format" in row else {}))
     if not rows:
         raise UserError(f"--prompts {' '.join(map(str, files))}: no prompts found")
     return rows
@@ -55,6 +53,7 @@ def prepare(rows: list[dict], engine, chat_template: str | None = None) -> list[
     import sys  # noqa: PLC0415
 
     from ..textgen.chat import ChatTemplateError, model_template, render_model_chat  # noqa: PLC0415
+    from ..textgen.prompting import is_completion  # noqa: PLC0415
     model = engine.target_model
     try:
         chosen = model_template(model, chat_template)
@@ -69,7 +68,7 @@ def prepare(rows: list[dict], engine, chat_template: str | None = None) -> list[
     out = []
     for row in rows:
         text = row["prompt"]
-        if template is not None and row["category"] not in RAW_CATEGORIES:
+        if template is not None and not is_completion(row):
             text = render_model_chat(model, [{"role": "user", "content": text}], template=template)
             tokens = model.tokenize(text, add_special=False)
         else:

@@ -67,6 +67,14 @@ def render(report: dict) -> str:
 def cost_curve_line(cc: dict) -> str:
     """One line: the verify cost t(B)/t(1) per B, t(1) and the draft call's cost."""
     return ("verify cost t(B)/t(1): " + " ".join(f"B{b}={r:.2f}" for b, r in cc["ratios"].items())
-            + f"; t(1) {1000 * cc['t_s'][1]:.2f} ms, draft {1000 * cc['t_draft_s']:.2f} ms"
+            + f"; t(1) {1000 * cc['t_s'][1]:.2f} ms"
+            + (f", draft {1000 * cc['t_draft_s']:.2f} ms" if cc["t_draft_s"] else "")
             + (f" (short blocks: {1000 * cc['t_draft_n_s'][min(cc['t_draft_n_s'])]:.2f} ms for "
                f"{min(cc['t_draft_n_s'])} token)" if cc.get("t_draft_n_s") else ""))
+
+
+def tau_line(report: dict) -> str:
+    """One line: τ per category and overall, and what it was measured on."""
+    per_cat = " · ".join(f"{c} {t:.3f}" for c, t in report["tau"].items())
+    return (f"τ {per_cat} · overall {report['tau_overall']:.3f} ({sum(report['prompts'].values())} prompts, "
+            f"up to {report['n_predict']} tokens each, full blocks of {len(report['slot_accept']) + 1})")

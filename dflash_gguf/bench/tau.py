@@ -7,16 +7,17 @@ is the token after them. Greedy verification is lossless, so this is exactly the
 of a greedy speculative run, without depending on any particular decoding loop.
 
 τ = tokens after the first / blocks drafted (accepted + 1 per target call). Code prompts are raw
-completions; math and chat go through the target's chat template, as in training.
+completions; math and chat go through the target's chat template, as in training. `bench --tau` runs it.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from ..errors import UserError
 
 
 @dataclass
@@ -35,15 +36,6 @@ class TauReport:
         return {"tau": {k: round(v, 3) for k, v in self.by_category.items()}, "tau_overall": round(self.overall, 3),
                 "prompts": self.prompts,
                 "slot_accept": [round(x, 3) for x in self.slot_accept]}
-
-
-def load_eval_prompts(folder: Path, per_category: int) -> list[dict]:
-    """The first `per_category` prompts of each <category>.jsonl in `folder`."""
-    rows = []
-    for f in sorted(folder.glob("*.jsonl")):
-        lines = [json.loads(x) for x in f.read_text(encoding="utf-8").splitlines() if x.strip()]
-        rows += lines[:per_category]
-    return rows
 
 
 class NativeDraftProbe:
@@ -95,8 +87,26 @@ class NativeDraftProbe:
             obj.close()
 
 
+def run_tau(settings, options, template_choice=None) -> dict:
+    """`bench --tau`: the report of τ on the bench prompts, with the files and settings it was measured with."""
+    import os  # noqa: PLC0415
+
+    from ..engine.session import check_inputs, require_native  # noqa: PLC0415
+    from .prompts import read_rows  # noqa: PLC0415
+    target, drafter = check_inputs(settings)
+    if drafter is None:
+        raise UserError("--tau measures a drafter: give one with -md (--draft-source lookup has none)")
+    require_native(settings)
+    threads = settings.n_threads or os.cpu_count() or 1
+    template = None if template_choice is None else template_choice.text
+    report = measure_tau(drafter, target, read_rows(options.prompts, options.limit), options.n_predict, threads,
+                         template)
+    return {"target": str(target), "drafter": str(drafter), "threads": threads, "n_predict": options.n_predict,
+            **report.to_json(), "per_prompt": report.per_prompt}
+
+
 def measure_tau(drafter: Path, target: Path, prompts: list[dict], max_tokens: int = 128,
-                n_threads: int = 0) -> TauReport:
+                n_threads: int = 0, template: str | None = None) -> TauReport:
     from ..textgen.prompting import format_prompt  # noqa: PLC0415
     from ..train.acceptance import Walk  # noqa: PLC0415
 
@@ -109,7 +119,7 @@ def measure_tau(drafter: Path, target: Path, prompts: list[dict], max_tokens: in
     try:
         for row in prompts:
             cat = row.get("category", "chat")
-            prompt = format_prompt(probe.target, row)[: n_ctx // 2]
+            prompt = format_prompt(probe.target, row, template)[: n_ctx // 2]
             seq, feats = probe.continuation(prompt, min(max_tokens, n_ctx - len(prompt) - block))
             p, n_calls = len(prompt), 0                                # seq[p]: the newest token, not yet verified
             while p < len(seq) - 1:

@@ -12,7 +12,7 @@ Why snapshots and not one context with several sequences: the engine decodes one
 worker runs jobs one by one), so several sequences would buy no batching and would cost the context's
 size for every one of them (n_ctx per sequence, reserved up front), plus sequence ids through the loop,
 the taps and the drafter. A snapshot costs a copy when a conversation is switched: measured on SmolLM2-135M
-Q4_1 + the shipped drafter, 2-core EPYC under load (tools/bench_prompt_cache.py), a 1,511-token chat came back
+Q4_1 + the shipped drafter, 2-core EPYC under load (lab/bench_prompt_cache.py), a 1,511-token chat came back
 from RAM with a first token in 2.9 s against 1.5 s when it was still held and 29 s cold; its state is ~25 KB a
 token (38 MB for 1,542 tokens).
 

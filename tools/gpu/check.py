@@ -13,7 +13,7 @@ Steps (in the order of `--steps all`, most valuable first):
   build     the patched libraries + llama-speculative-simple + llama-bench for --backend: the prebuilt ones when
             they are this tree's build (nothing compiles), else compiled here (CUDA: --cuda-arch); then `doctor`
   tests     the tests marked `gpu` (with the full profile a skip counts as a failure)
-  verify8b  t(B)/t(1), B = 1..16, of a random-weight Qwen3-8B-shape Q4_K_M generated here: ours (verify_cost.py)
+  verify8b  t(B)/t(1), B = 1..16, of a random-weight Qwen3-8B-shape Q4_K_M generated here: ours (`bench --cost-curve-only`)
             beside stock llama.cpp (llama-bench, tools/gpu/stock_curve.py)
   moe       a random-weight Qwen3-MoE-shape GGUF: tok/s with --n-cpu-moe / --cpu-moe / --fit vs all on the GPU
   bench     `dflash-gguf bench -ngl 99`: plain, ours, upstream C++ DFlash, n-gram on the bundled prompts
@@ -152,14 +152,17 @@ def cmd_tests(c: Check) -> list[Cmd]:
                  "--junitxml", str(c.state / "tests.xml"), *gpu_test_files()])]
 
 
-def _curve(c: Check, model: str, name: str) -> Cmd:
-    p = c.profile
-    return Cmd([c.python, str(ROOT / "tools" / "verify_cost.py"), "--model", model, "--max-batch", str(p["max_batch"]),
-                "--reps", str(p["reps"]), "--threads", str(_threads(c)), "-ngl", "99"], c.state / f"{name}.json")
+def _curve(c: Check, name: str, model: Path | None = None) -> Cmd:
+    """`bench --cost-curve-only`: the engine's own t(B) for B up to max_batch; a model without a drafter (a random
+    one) through the lookup source, i.e. the verify curve alone."""
+    target = ["-m", str(model), "--draft-source", "lookup"] if model else []
+    return Cmd([c.python, "-m", "dflash_gguf.cli", "bench", "--cost-curve-only", *target,
+                "--draft-max", str(c.profile["max_batch"] - 1), "-ngl", "99", "-t", str(_threads(c)),
+                "--json", str(c.state / f"{name}.json")])
 
 
 def cmd_verify(c: Check) -> list[Cmd]:
-    return [_curve(c, "smollm2:q4_1", "verify")]
+    return [_curve(c, "verify")]
 
 
 def _random_model(c: Check, shape: str, name: str) -> tuple[Cmd, Path]:
@@ -179,7 +182,7 @@ def cmd_verify8b(c: Check) -> list[Cmd]:
     stock = Cmd([c.python, str(HERE / "stock_curve.py"), "--bench", _tool(c, "llama-bench"), "--model", str(path),
                  "--max-batch", str(p["max_batch"]), "--reps", str(p["reps"]), "--threads", str(_threads(c)),
                  "-ngl", "99"], c.state / "verify8b-stock.json")
-    return [gen, _curve(c, str(path), "verify8b"), stock]
+    return [gen, _curve(c, "verify8b", path), stock]
 
 
 def cmd_bench(c: Check) -> list[Cmd]:
@@ -253,9 +256,10 @@ def _curve_details(path: Path) -> dict | None:
     d = _json(path)
     if not d:
         return None
-    return {"model": d["model"], "n_gpu_layers": d.get("n_gpu_layers"), "lib_dir": d["lib_dir"],
-            "t1_ms": d["batches"]["1"]["median_ms"], "ratios": {b: v["ratio"] for b, v in d["batches"].items()},
-            "median_ms": {b: v["median_ms"] for b, v in d["batches"].items()}}
+    curve = d["cost_curve"]
+    return {"model": d["target"], "drafter": d["drafter"], "n_gpu_layers": d.get("n_gpu_layers"),
+            "backend": d.get("backend"), "t1_ms": 1e3 * curve["t_s"]["1"], "ratios": curve["ratios"],
+            "median_ms": {b: 1e3 * t for b, t in curve["t_s"].items()}, "t_draft_ms": 1e3 * curve["t_draft_s"]}
 
 
 def parse_verify(c: Check) -> tuple[bool, dict]:

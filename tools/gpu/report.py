@@ -76,7 +76,7 @@ def render_table(results: dict) -> str:
     if details("verify8b"):
         spec = (details("verify8b").get("generated") or {}).get("spec", {})
         label = f"{spec.get('shape', '?')} random-weight {spec.get('ftype', '')}"
-        curves.append((f"{label}, ours (verify_cost.py)", details("verify8b")))
+        curves.append((f"{label}, ours (bench --cost-curve-only)", details("verify8b")))
         if details("verify8b").get("stock"):
             curves.append((f"{label}, stock (llama-bench pp B)", details("verify8b")["stock"]))
     curves = [(label, d) for label, d in curves if d]

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """t(B)/t(1) of stock llama.cpp beside ours: upstream's llama-bench, built from the same tree, times one batch of B
 prompt tokens after --context tokens of depth (`-p B -n 0 -d CONTEXT`), logits for the last row only; our
-verify_cost.py times the engine's verify (B rows of logits and the layer taps). The kernels are the same (no patch
+`bench --cost-curve-only` times the engine's verify (B rows of logits and the layer taps) after as many tokens. The kernels are the same (no patch
 touches ggml-cuda), so the gap between the two curves is what our verify adds on top of llama.cpp's batch.
 
-Prints one JSON object shaped like verify_cost.py's (`batches: {B: {median_ms, ratio, ...}}`).
+Prints one JSON object: `batches: {B: {median_ms, min_ms, max_ms, ratio}}`.
 
     python tools/gpu/stock_curve.py --bench <lib dir>/tools/llama-bench --model m.gguf --max-batch 16 -ngl 99
 """
@@ -38,10 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--context", type=int, default=None, help="default: the context our cost curve decodes first")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=99)
     a = ap.parse_args(argv)
+    if a.context is None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        from dflash_gguf.engine.session import CALIBRATION_CONTEXT
+        a.context = CALIBRATION_CONTEXT
     batches = ",".join(str(b) for b in range(1, a.max_batch + 1))
     cmd = [str(a.bench), "-m", str(a.model), "-p", batches, "-n", "0", "-d", str(a.context), "-r", str(a.reps),
            "-ngl", str(a.n_gpu_layers), "-t", str(a.threads), "-o", "json"]

@@ -8,7 +8,7 @@ sends it) and with `cache_prompt: false`, --repeats times each, turn 4 replayed 
 server holds the same conversation each time. Checks that both give the same greedy text. Then a second
 conversation displaces the first, and turn 5 of the first is timed again: restored from the RAM cache.
 
-    .venv/bin/python tools/bench_prompt_cache.py [--prompts chat.jsonl] [-m TARGET.gguf]
+    .venv/bin/python lab/bench_prompt_cache.py [--prompts chat.jsonl] [-m TARGET.gguf]
 
 --prompts: a JSONL file of {"prompt": ...} rows; questions 1-5 of the chat are its first five (default: five
 fixed questions written here).
