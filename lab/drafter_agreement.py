@@ -44,7 +44,7 @@ a = ap.parse_args()
 import torch  # noqa: E402
 
 from dflash_gguf.convert.sources import read_source  # noqa: E402
-from dflash_gguf.convert.target_info import read_target  # noqa: E402
+from dflash_gguf.target_file import TargetFile  # noqa: E402
 from dflash_gguf.drafter.torch_ref import DFlashDrafter  # noqa: E402
 from dflash_gguf.textgen.prompting import format_prompt  # noqa: E402
 from dflash_gguf.train.acceptance import Walk, leading_correct  # noqa: E402
@@ -65,13 +65,14 @@ else:
     from dflash_gguf.bench.prompts import read_rows  # noqa: E402
     prompts = read_rows(sorted(EVAL.glob("*.jsonl")), a.per_category)
 
-source = read_source(str(a.drafter), read_target(target))
+target_file = TargetFile.open(target)
+source = read_source(str(a.drafter), target_file)
 config = source.config
 drafter = DFlashDrafter(config)
 drafter.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in source.tensors.items()
                          if k in drafter.state_dict()})
 drafter.eval()
-embed, head = embedding_and_head(target)
+embed, head = embedding_and_head(target_file)
 vocab = source.draft_vocab.token_ids if source.draft_vocab is not None else np.arange(head.shape[0])
 head_rows = torch.from_numpy(head[vocab])
 embed_t = torch.from_numpy(embed)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
+from dflash_gguf.target_file import TargetFile  # noqa: E402
 from dflash_gguf.train.harvest import HarvestSettings, harvest  # noqa: E402
 from dflash_gguf.corpus.prompts import load  # noqa: E402
 from lab.smollm2_recipe import TAPS  # noqa: E402
@@ -64,7 +65,7 @@ for n in a.parallel:
     tmp = Path(tempfile.mkdtemp(prefix="harvest-tp-"))
     try:
         s = HarvestSettings(taps=TAPS, n_parallel=n, n_threads=a.threads, store_features=not a.no_features)
-        w = harvest(target, rows, tmp, s, max_seconds=a.seconds)
+        w = harvest(TargetFile.open(target), rows, tmp, s, max_seconds=a.seconds)
         report.append({"parallel": n, "seconds": round(w.seconds, 1), "response_tokens": w.n_response_written,
                        "tokens": w.n_tokens_written, "response_tok_s": round(w.n_response_written / w.seconds, 1),
                        "all_tok_s": round(w.n_tokens_written / w.seconds, 1)})

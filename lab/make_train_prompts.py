@@ -47,12 +47,13 @@ print(f"stage 1: {len(rows)} prompts, {len(requests)} self-instruct requests", f
 if requests:
     from dflash_gguf.native.wrappers import Model  # noqa: E402
     from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
+    from dflash_gguf.target_file import TargetFile  # noqa: E402
     from dflash_gguf.train.harvest import HarvestSettings, harvest  # noqa: E402
     target = a.model or smollm2_q4_1()
     work = cache_root() / "prompt-sources" / f"self-instruct-{a.seed}"
     settings = HarvestSettings(taps=[1], n_parallel=a.parallel, n_threads=a.threads, sampled_fraction=0.0,
                                store_features=False, top_k_probs=0, max_new={"math": 96, "chat": 64}, seed=a.seed)
-    harvest(target, requests, work, settings,
+    harvest(TargetFile.open(target), requests, work, settings,
             max_seconds=a.self_instruct_minutes * 60 if a.self_instruct_minutes is not None else None)
     tokens = __import__("numpy").fromfile(work / "tokens.bin", dtype="int32")
     model = Model(target)

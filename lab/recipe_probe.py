@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT))
 from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
 from lab import smollm2_recipe as recipe  # noqa: E402
 from dflash_gguf.train.dataset import FeatureDataset  # noqa: E402
+from dflash_gguf.target_file import TargetFile  # noqa: E402
 from dflash_gguf.train.pipeline import build_trainer  # noqa: E402
 from dflash_gguf.train.trainer import TrainSettings  # noqa: E402
 
@@ -41,7 +42,7 @@ for recipe in a.recipe:
     s = TrainSettings(n_layers=recipe.N_LAYERS, block_size=recipe.BLOCK_SIZE, rows=a.rows, lr=float(lr), warmup=0.03,
                       anchors_per_seq=int(anchors), seqs_per_step=int(seqs), eval_every=10**9, eval_seqs=a.val_seqs,
                       seed=recipe.SEED)
-    trainer, _ = build_trainer(smollm2_q4_1(), data, s, draft_vocab=recipe.DRAFT_VOCAB)
+    trainer, _ = build_trainer(TargetFile.open(smollm2_q4_1()), data, s, draft_vocab=recipe.DRAFT_VOCAB)
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         val = trainer.train(Path(tmp), progress=False)

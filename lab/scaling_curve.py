@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
 from dflash_gguf.bench.prompts import read_rows  # noqa: E402
 from dflash_gguf.bench.tau import measure_tau  # noqa: E402
+from dflash_gguf.target_file import TargetFile  # noqa: E402
 from dflash_gguf.train.pipeline import build_trainer, export  # noqa: E402
 from lab.scaling import (SubsetDataset, best_compute_series, extrapolate, measured,  # noqa: E402
                                        plot_curve)
@@ -91,13 +92,13 @@ def point(series: str, label: str, rows: int, keep=None, distill: float = 0.0) -
     if a.data is None:
         sys.exit(f"--data: needed to train the point '{series}: {label}'")
     data = SubsetDataset(a.data, keep or (lambda i, r: True))
-    trainer, vocab = build_trainer(target, data, settings(rows, distill), a.draft_vocab)
+    trainer, vocab = build_trainer(TargetFile.open(target), data, settings(rows, distill), a.draft_vocab)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.time()
         val = trainer.train(Path(tmp) / "ck", progress=False)
         seconds = time.time() - t0
         out = Path(tmp) / "draft.gguf"
-        export(trainer, target, out, {"labelled_rows": trainer.rows_seen}, vocab)
+        export(trainer, TargetFile.open(target), out, {"labelled_rows": trainer.rows_seen}, vocab)
         tau = measure_tau(out, target, prompts, max_tokens=128, n_threads=a.threads or 0)
     record(series, label, trainer, data, tau, val, seconds)
 

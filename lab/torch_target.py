@@ -21,24 +21,24 @@ SUPPORTED = {"llama", "mistral"}
 
 
 def hf_llama_from_gguf(target: Path, device: str = "cpu", dtype: str = "float32"):
-    """(transformers LlamaForCausalLM in eval mode, its convert.target_info.TargetInfo) with the GGUF's weights."""
+    """(transformers LlamaForCausalLM in eval mode, its target_file.TargetFile) with the GGUF's weights."""
     import torch  # noqa: PLC0415
     from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
 
-    from dflash_gguf.convert.target_info import read_target  # noqa: PLC0415
+    from dflash_gguf.target_file import TargetFile  # noqa: PLC0415
     from dflash_gguf.train.target_weights import embedding_and_head, layer_init  # noqa: PLC0415
-    g = read_target(target)
+    g = TargetFile.open(target)
     if g.arch not in SUPPORTED:
         raise UserError(f"{target}: a torch target exists for {sorted(SUPPORTED)} only, not {g.arch}; "
                         "harvest with llama.cpp instead")
-    embed, head = embedding_and_head(target)
+    embed, head = embedding_and_head(g)
     config = LlamaConfig(vocab_size=g.n_vocab, hidden_size=g.n_embd, intermediate_size=g.n_ff,
                          num_hidden_layers=g.n_layer, num_attention_heads=g.n_head,
                          num_key_value_heads=g.n_head_kv, head_dim=g.head_dim, rms_norm_eps=g.rms_eps,
                          rope_theta=g.rope_theta if g.rope_theta is not None else 10000.0, max_position_embeddings=8192,
                          tie_word_embeddings=head is embed, attention_bias=False, mlp_bias=False)
     model = LlamaForCausalLM(config)
-    layers = layer_init(target, 0, g.n_layer)
+    layers = layer_init(g, 0, g.n_layer)
     state = {"model.embed_tokens.weight": embed, "lm_head.weight": head, "model.norm.weight": layers.pop("norm.weight")}
     state |= {f"model.{k}": v for k, v in layers.items()}
     missing, unexpected = model.load_state_dict({k: torch.from_numpy(np.array(v, copy=True)) for k, v in state.items()},

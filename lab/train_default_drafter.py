@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from dflash_gguf.paths import cache_root  # noqa: E402
 from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
+from dflash_gguf.target_file import TargetFile  # noqa: E402
 from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS  # noqa: E402
 from lab import smollm2_recipe as recipe  # noqa: E402
 from lab.smollm2_recipe import DRAFT_VOCAB, SEED, TAPS  # noqa: E402
@@ -86,8 +87,9 @@ import torch  # noqa: E402
 if a.threads:
     torch.set_num_threads(a.threads)
 target = smollm2_q4_1()
+target_file = TargetFile.open(target)
 prompts = load(DEFAULT_PROMPTS)
-data = dataset_dir(file_sha256(target), prompts_sha256(prompts), SEED)
+data = dataset_dir(target_file.sha256, prompts_sha256(prompts), SEED)
 work = a.work_dir or cache_root() / "train" / f"smollm2-default-{data.name}"
 harvest = recipe.harvest_settings(n_threads=a.threads, n_parallel=a.parallel)
 train = TrainSettings(n_layers=a.n_layers, block_size=recipe.BLOCK_SIZE, rows=a.rows, lr=a.lr, warmup=0.03, anchors_per_seq=a.anchors,
@@ -100,9 +102,9 @@ if a.harvest_only:
     from dflash_gguf.train.harvest import harvest as run_harvest  # noqa: E402
     shard = tuple(int(x) for x in a.shard.split("/"))
     span = tuple(int(x) for x in a.prompt_range.split(":")) if a.prompt_range else None
-    w = run_harvest(target, prompts, data, harvest, max_tokens=a.tokens, shard=shard, prompt_range=span,
+    w = run_harvest(target_file, prompts, data, harvest, max_tokens=a.tokens, shard=shard, prompt_range=span,
                     max_seconds=a.harvest_minutes * 60 if a.harvest_minutes is not None else None,
-                    meta_extra={"target_sha256": file_sha256(target), "prompts_sha256": prompts_sha256(prompts)})
+                    meta_extra={"target_sha256": target_file.sha256, "prompts_sha256": prompts_sha256(prompts)})
     print(json.dumps({"data_dir": str(data), "sequences": len(w.done), "tokens": w.offset,
                       "this_run": {"seconds": round(w.seconds, 1), "response_tokens": w.n_response_written,
                                    "response_tok_s": round(w.n_response_written / max(w.seconds, 1e-9), 1)}}))
@@ -128,7 +130,7 @@ def snapshot(trainer, vocab, val) -> None:
     before = getattr(trainer, "init_record", None) or {"labelled_rows_in_all": 0, "response_tokens_in_all": 0}
     path = work / "snapshots" / f"rows-{trainer.rows_seen}.gguf"
     path.parent.mkdir(parents=True, exist_ok=True)
-    export(trainer, target, path, {"labelled_rows": trainer.rows_seen, "init_drafter": before,
+    export(trainer, target_file, path, {"labelled_rows": trainer.rows_seen, "init_drafter": before,
                                    "train_settings": asdict(train)}, vocab)
     tau = measure(path)
     tokens = trainer.data.n_tokens(trainer.train_ids)
@@ -145,7 +147,7 @@ def snapshot(trainer, vocab, val) -> None:
     print(json.dumps(point), file=sys.stderr, flush=True)
 
 
-record = train_drafter(target, a.out, prompts, work, taps=TAPS, harvest_settings=harvest, train_settings=train,
+record = train_drafter(target_file, a.out, prompts, work, taps=TAPS, harvest_settings=harvest, train_settings=train,
                        max_tokens=a.tokens, outtype="q8_0", resume=a.resume, force=True, draft_vocab=DRAFT_VOCAB,
                        data_dir=data, harvest_seconds=a.harvest_minutes * 60 if a.harvest_minutes is not None else None,
                        init_drafter=a.init_drafter, snapshots=tuple(a.snapshots),

@@ -13,7 +13,7 @@ from dflash_gguf.convert.flavours import FLAVOURS, UNSUPPORTED
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
 from dflash_gguf.convert.names import GLOBAL_NAMES, LAYER_NAMES
 from dflash_gguf.convert.sources import read_source
-from dflash_gguf.convert.target_info import read_target
+from dflash_gguf.target_file import TargetFile
 from dflash_gguf.convert.writer import write_dflash_gguf
 from dflash_gguf.drafter.config import DrafterConfig, official_target_layer_ids
 
@@ -21,13 +21,13 @@ pytest.importorskip("torch")
 
 
 def _tensors(path: Path, target: Path) -> dict:
-    return read_source(str(path), read_target(target)).tensors
+    return read_source(str(path), TargetFile.open(target)).tensors
 
 
 def test_zlab_folder_bf16_with_formula_layer_ids(tmp_path, target, config):
     model = random_drafter(config, seed=2)
     folder = write_zlab_folder(tmp_path / "zlab", config, state_numpy(model), with_ids=False, n_target_layers=3)
-    src = read_source(str(folder), read_target(target))
+    src = read_source(str(folder), TargetFile.open(target))
     assert src.config.target_layers == [2, 1]          # official formula for N=3, L=2 is [1, 0]; tap ids are +1
     assert any("official formula" in n for n in src.notes)
     for k, v in state_numpy(model).items():            # bf16 → f32 within bf16 precision
@@ -37,7 +37,7 @@ def test_zlab_folder_bf16_with_formula_layer_ids(tmp_path, target, config):
 def test_sharded_zlab_folder_reads_every_shard(tmp_path, target, config):
     tensors = state_numpy(random_drafter(config))
     folder = write_zlab_folder(tmp_path / "zlab", config, tensors, bf16=False, shards=3)
-    src = read_source(str(folder), read_target(target))
+    src = read_source(str(folder), TargetFile.open(target))
     assert set(src.tensors) == set(tensors)
     for k, v in tensors.items():
         np.testing.assert_array_equal(src.tensors[k], v)
@@ -55,7 +55,7 @@ def test_hf_repo_id_from_the_local_cache_offline(tmp_path, target, config, monke
     import huggingface_hub.constants as hc
     monkeypatch.setattr(hc, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)
-    src = read_source("someone/Tiny-DFlash", read_target(target))
+    src = read_source("someone/Tiny-DFlash", TargetFile.open(target))
     assert src.config.target_layers == [1, 3] and src.trained_for == "Tiny"
 
 
@@ -78,7 +78,7 @@ def test_cli_convert_zlab_folder_writes_upstream_schema(tmp_path, target, config
 @pytest.mark.parametrize("flavour", [f for f in FLAVOURS if f.name != "upstream"], ids=lambda f: f.name)
 def test_every_flavour_normalises_to_upstream(tmp_path, target, upstream, flavour):
     foreign = write_flavoured_gguf(upstream, tmp_path / f"{flavour.name}.gguf", flavour)
-    src = read_source(str(foreign), read_target(target))
+    src = read_source(str(foreign), TargetFile.open(target))
     assert src.config.target_layers == [1, 3], flavour.name          # ids normalised to tap ids
     ref = _tensors(upstream, target)
     assert set(src.tensors) == set(ref)
@@ -93,11 +93,11 @@ def test_fork_drafter_with_embedded_head_and_no_layer_ids(tmp_path, target, upst
     the layer ids (the official formula for the target's depth fills them in, with a note)."""
     dd = next(f for f in FLAVOURS if f.name == "dflash-draft")
     src = read_source(str(write_flavoured_gguf(upstream, tmp_path / "dd.gguf", dd, embed_borrowed=True)),
-                      read_target(target))
+                      TargetFile.open(target))
     assert "token_embd.weight" not in src.tensors and any("dropped token_embd" in n for n in src.notes)
     luce = next(f for f in FLAVOURS if f.name == "qwen35-dflash-draft")
     src = read_source(str(write_flavoured_gguf(upstream, tmp_path / "lb.gguf", luce, with_ids=False)),
-                      read_target(target))
+                      TargetFile.open(target))
     assert src.config.target_layers == [i + 1 for i in official_target_layer_ids(3, 2)]
     assert any("official formula" in n for n in src.notes)
 
@@ -109,7 +109,7 @@ def test_other_drafter_designs_are_refused(tmp_path, target, upstream, marker, w
     up = next(f for f in FLAVOURS if f.name == ("dflash-draft" if marker == "d2t" else "upstream"))
     bad = write_flavoured_gguf(upstream, tmp_path / "x.gguf", up, extra_keys={marker: 1})
     with pytest.raises(UserError, match="only DFlash, DFlash2 and DSpark drafters"):
-        read_source(str(bad), read_target(target))
+        read_source(str(bad), TargetFile.open(target))
 
 
 def test_flavour_tables_are_unambiguous():
@@ -149,9 +149,9 @@ def test_sliding_window_yarn_and_scales_survive_the_round_trip(tmp_path, target)
     cfg = json.loads((folder / "config.json").read_text())
     cfg["dflash_config"]["input_embedding_scale"] = 8.0
     (folder / "config.json").write_text(json.dumps(cfg))
-    src = read_source(str(folder), read_target(target))
+    src = read_source(str(folder), TargetFile.open(target))
     out = write_dflash_gguf(src.tensors, src.config, target, tmp_path / "d.gguf", outtype="f16")
-    back = read_source(str(out), read_target(target)).config
+    back = read_source(str(out), TargetFile.open(target)).config
     assert back.layer_types == config.layer_types and back.sliding_window == 6
     assert back.rope_scaling["rope_type"] == "yarn" and back.rope_scaling["original_max_position_embeddings"] == 64
     assert back.rope_scaling["factor"] == 4.0 and abs(back.rope_scaling["attention_factor"] - 1.2) < 1e-6

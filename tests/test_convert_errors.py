@@ -11,7 +11,7 @@ import pytest
 from helpers.convert import random_drafter, state_numpy, write_zlab_folder
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
 from dflash_gguf.convert.sources import read_source
-from dflash_gguf.convert.target_info import read_target
+from dflash_gguf.target_file import TargetFile
 from dflash_gguf.convert.writer import ConvertError, finish, write_dflash_gguf
 from dflash_gguf.drafter.config import DrafterConfig
 from dflash_gguf.errors import UserError
@@ -28,7 +28,7 @@ def test_truncated_file(tmp_path, target, upstream):
     bad = tmp_path / "trunc.gguf"
     bad.write_bytes(upstream.read_bytes()[: upstream.stat().st_size // 2])
     with pytest.raises(UserError, match="trunc.gguf: tensor .* needs bytes up to .* the file is truncated"):
-        read_source(str(bad), read_target(target))
+        read_source(str(bad), TargetFile.open(target))
 
 
 def test_garbled_header(tmp_path, target, upstream):
@@ -37,7 +37,7 @@ def test_garbled_header(tmp_path, target, upstream):
     bad = tmp_path / "garbled.gguf"
     bad.write_bytes(bytes(data))
     with pytest.raises(UserError, match="garbled.gguf: .*damaged"):
-        read_source(str(bad), read_target(target))
+        read_source(str(bad), TargetFile.open(target))
 
 
 def test_truncated_safetensors(tmp_path, target, config):
@@ -45,22 +45,22 @@ def test_truncated_safetensors(tmp_path, target, config):
     st = folder / "model.safetensors"
     st.write_bytes(st.read_bytes()[:-1000])
     with pytest.raises(UserError, match="runs past the end of the file; the file is truncated"):
-        read_source(str(folder), read_target(target))
+        read_source(str(folder), TargetFile.open(target))
 
 
 def test_wrong_architecture(target):
     with pytest.raises(UserError, match="architecture 'llama' is not a DFlash drafter.*--target"):
-        read_source(str(target), read_target(target))
+        read_source(str(target), TargetFile.open(target))
 
 
 def test_drafter_passed_as_target(upstream):
     with pytest.raises(UserError, match="is a DFlash drafter, not a target model"):
-        read_target(upstream)
+        TargetFile.open(upstream)
 
 
 def test_drafter_for_another_target(tmp_path, upstream):
     other = write_tiny_llama(tmp_path / "other.gguf", n_vocab=64, n_embd=96, n_layer=2, n_head=4)
-    src = read_source(str(upstream), read_target(other))
+    src = read_source(str(upstream), TargetFile.open(other))
     out = tmp_path / "out.gguf"
     with pytest.raises(ConvertError, match=r"does not fit target other.gguf: hidden size 64 != target hidden size "
                                            r"96.*out of range.*dflash-gguf train"):
@@ -111,7 +111,7 @@ def test_zlab_configs_we_cannot_represent(tmp_path, target, config, edit, messag
     edit(cfg)
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UserError, match=message):
-        read_source(str(folder), read_target(target))
+        read_source(str(folder), TargetFile.open(target))
 
 
 def test_warns_when_the_drafter_names_another_target(tmp_path, target, config):
@@ -127,7 +127,7 @@ def test_warns_when_the_drafter_names_another_target(tmp_path, target, config):
 
 def test_missing_source_and_bad_outtype(tmp_path, target, config):
     with pytest.raises(UserError, match="no such file or folder"):
-        read_source(str(tmp_path / "nope"), read_target(target))
+        read_source(str(tmp_path / "nope"), TargetFile.open(target))
     with pytest.raises(ConvertError, match="--outtype q3_x: choose one of"):
         write_dflash_gguf(state_numpy(random_drafter(config)), config, target, tmp_path / "out.gguf", outtype="q3_x")
 
@@ -151,4 +151,4 @@ def test_fork_file_with_two_tensors_for_one_weight(tmp_path, target, upstream):
     w.add_tensor("blk.0.ffn_norm.weight", np.ones(64, np.float32))
     finish(w)
     with pytest.raises(UserError, match="both read as 'layers.0.post_attention_layernorm.weight'"):
-        read_source(str(tmp_path / "both.gguf"), read_target(target))
+        read_source(str(tmp_path / "both.gguf"), TargetFile.open(target))

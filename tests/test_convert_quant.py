@@ -9,7 +9,7 @@ from helpers.convert import random_drafter, state_numpy
 from dflash_gguf.convert.flavours import FLAVOURS
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
 from dflash_gguf.convert.sources import read_source
-from dflash_gguf.convert.target_info import read_target
+from dflash_gguf.target_file import TargetFile
 from dflash_gguf.convert.writer import OUTTYPES, write_dflash_gguf
 from dflash_gguf.drafter.config import DrafterConfig
 from helpers.engine import write_tiny_llama
@@ -61,7 +61,7 @@ def test_outtype(tmp_path, target, tensors, f32_size, outtype):
 def test_quantized_weights_stay_close(tmp_path, target, tensors):
     """Q8_0 round trip through our writer and reader keeps every weight within Q8_0 precision."""
     out = write_dflash_gguf(tensors, CONFIG, target, tmp_path / "q8.gguf", outtype="q8_0")
-    back = read_source(str(out), read_target(target)).tensors
+    back = read_source(str(out), TargetFile.open(target)).tensors
     for name, ref in tensors.items():
         np.testing.assert_allclose(back[name], ref, atol=np.abs(ref).max() / 100 + 1e-6, err_msg=name)
 
@@ -71,6 +71,6 @@ def test_requantizing_a_foreign_flavour(tmp_path, target, tensors):
     from helpers.convert import write_flavoured_gguf
     q8 = write_dflash_gguf(tensors, CONFIG, target, tmp_path / "q8.gguf", outtype="q8_0")
     fork = write_flavoured_gguf(q8, tmp_path / "fork.gguf", next(f for f in FLAVOURS if f.name == "dflash-draft"))
-    src = read_source(str(fork), read_target(target))
+    src = read_source(str(fork), TargetFile.open(target))
     out = write_dflash_gguf(src.tensors, src.config, target, tmp_path / "q4k.gguf", outtype="q4_k")
     assert inspect_drafter(out, target)["flavour"] == "upstream"

@@ -15,7 +15,7 @@ from dflash_gguf import gguf_check
 from dflash_gguf.convert.flavours import FLAVOURS, detect_flavour, normalize_gguf
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
 from dflash_gguf.convert.sources import read_source
-from dflash_gguf.convert.target_info import read_target
+from dflash_gguf.target_file import TargetFile
 from dflash_gguf.convert.writer import write_dflash_gguf
 from dflash_gguf.errors import UserError
 from helpers.engine import TINY_DRAFTER, write_tiny_llama
@@ -32,7 +32,7 @@ def files(tmp_path_factory):
     out = {"dir": d, "target": target,
            "dflash2_hf": write_dflash2_folder(d / "Tiny-DFlash2", CONFIG, dflash2_tensors(CONFIG)),
            "dspark_hf": write_dspark_folder(d / "dspark_tiny_block8", CONFIG, dspark_tensors(CONFIG))}
-    tinfo = read_target(target)
+    tinfo = TargetFile.open(target)
     for kind in ("dflash2", "dspark"):
         src = read_source(str(out[f"{kind}_hf"]), tinfo)
         out[f"{kind}_src"] = src
@@ -81,7 +81,7 @@ def test_dspark_settings_and_layout(files):
 @pytest.mark.parametrize("kind", ["dflash2", "dspark"])
 def test_gguf_round_trip_and_quantized(files, kind, tmp_path):
     """Our own GGUF converts again (q8_0 this time, load-checked) into the same member and settings."""
-    src = normalize_gguf(files[f"{kind}_gguf"], detect_flavour(files[f"{kind}_gguf"]), read_target(files["target"]))
+    src = normalize_gguf(files[f"{kind}_gguf"], detect_flavour(files[f"{kind}_gguf"]), TargetFile.open(files["target"]))
     assert src.config.family == files[f"{kind}_src"].config.family
     for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "markov_rank",
               "confidence_head", "sample_from_anchor", "is_causal"):
@@ -96,7 +96,7 @@ def test_old_dspark_arch_is_migrated(files, tmp_path):
     old = write_flavoured_gguf(files["dspark_gguf"], tmp_path / "old.gguf", flavour)
     with pytest.raises(gguf_check.BadModelFile, match="convert it first"):
         gguf_check.check_drafter(old)
-    src = read_source(str(old), read_target(files["target"]))
+    src = read_source(str(old), TargetFile.open(files["target"]))
     assert src.config.family == "DSpark" and src.config.target_layers == CONFIG.target_layers
     out = write_dflash_gguf(src.tensors, src.config, files["target"], tmp_path / "new.gguf", outtype="f16")
     assert inspect_drafter(out)["family"] == "DSpark"
@@ -145,4 +145,4 @@ def test_refused_dspark_variants(files, tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(cfg | {"markov_head_type": "gated"}))
     with pytest.raises(UserError, match="gated/rnn Markov head"):
-        read_source(str(folder), read_target(files["target"]))
+        read_source(str(folder), TargetFile.open(files["target"]))

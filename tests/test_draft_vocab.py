@@ -9,7 +9,7 @@ import pytest
 from dflash_gguf.convert import draft_vocab as dv
 from dflash_gguf.convert.flavours import detect_flavour, normalize_gguf
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
-from dflash_gguf.convert.target_info import read_target
+from dflash_gguf.target_file import TargetFile
 from dflash_gguf.convert.writer import finish, write_dflash_gguf
 from dflash_gguf.engine.sources.dflash import DFlashSource
 from dflash_gguf.engine.loop import SpecDecoder
@@ -34,10 +34,11 @@ def test_choose_tokens_by_count_then_id_and_keeps_eog():
 
 
 def _reduced(target: Path, full: Path, out: Path, ids: list[int]) -> Path:
-    src = normalize_gguf(full, detect_flavour(full), read_target(target))
-    counts = np.zeros(read_target(target).n_vocab, np.int64)
+    tf = TargetFile.open(target)
+    src = normalize_gguf(full, detect_flavour(full), tf)
+    counts = np.zeros(tf.n_vocab, np.int64)
     counts[ids] = 100
-    vocab = dv.build(target, counts, len(ids), keep=[])
+    vocab = dv.build(tf, counts, len(ids), keep=[])
     assert vocab.token_ids.tolist() == sorted(ids)
     return write_dflash_gguf(src.tensors, src.config, target, out, outtype="f32", draft_vocab=vocab)
 
@@ -91,7 +92,7 @@ def test_greedy_with_reduced_vocab_matches_plain(files):
 
 def test_reconversion_and_inspect_keep_the_vocabulary(files, tmp_path):
     target_path, _, reduced, ids = files
-    src = normalize_gguf(reduced, detect_flavour(reduced), read_target(target_path))
+    src = normalize_gguf(reduced, detect_flavour(reduced), TargetFile.open(target_path))
     assert src.draft_vocab is not None and src.draft_vocab.token_ids.tolist() == sorted(ids)
     assert inspect_drafter(reduced)["draft_vocab"] == len(ids)
     again = write_dflash_gguf(src.tensors, src.config, target_path, tmp_path / "again.gguf", outtype="q8_0",
@@ -118,7 +119,7 @@ def test_damaged_d2t_is_refused(files, tmp_path, damage, message):
     finish(w)
     bad = tmp_path / "bad.gguf"
     with pytest.raises(UserError, match=message):
-        normalize_gguf(bad, detect_flavour(bad), read_target(target_path))
+        normalize_gguf(bad, detect_flavour(bad), TargetFile.open(target_path))
 
 
 @pytest.mark.slow

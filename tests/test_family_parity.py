@@ -29,7 +29,7 @@ import pytest
 from dflash_gguf.convert.flavours import detect_flavour, normalize_gguf
 from dflash_gguf.convert.names import gguf_tensor_name
 from dflash_gguf.convert.sources import read_source
-from dflash_gguf.convert.target_info import read_target
+from dflash_gguf.target_file import TargetFile
 from dflash_gguf.convert.writer import write_dflash_gguf
 from dflash_gguf.engine.sources import open_drafter
 from dflash_gguf.engine.sources.dspark import DSparkSource
@@ -111,7 +111,7 @@ def _convert(folder, target, out, outtype, *, markov_in_graph=True):
     of every matmul whose weight is q8_0 there (the embeddings read by row, like the codebooks, are exact), but
     DSpark's W2 only where ggml multiplies by it (the chain in the graph; the engine's numpy chain does not
     round)."""
-    tinfo = read_target(target)
+    tinfo = TargetFile.open(target)
     src = read_source(str(folder), tinfo)
     path = write_dflash_gguf(src.tensors, src.config, target, out, outtype=outtype)
     checkpoint = _reference(src)

@@ -36,7 +36,8 @@ def test_gpu_train_job_dry_run_on_cpu_and_its_data_comes_back(tmp_path):
     assert record["sequences"] == 6 and record["labelled_rows"] > 0 and record["precision"] == expected
     drafter = Model(out / "smollm2-dflash-gpu.gguf")
     assert drafter.arch == "dflash" and drafter.target_layer_ids() == [2, 11, 19, 28]
-    back = import_tokens(out / "gpu-harvest-tokens.npz", target, tmp_path / "cpu-data", n_threads=2)
+    from dflash_gguf.target_file import TargetFile
+    back = import_tokens(out / "gpu-harvest-tokens.npz", TargetFile.open(target), tmp_path / "cpu-data", n_threads=2)
     cpu, gpu = FeatureDataset(tmp_path / "cpu-data"), FeatureDataset(tmp_path / "state" / "data")
     assert len(back.done) == 6 and cpu.index == [r | {"offset": c["offset"]} for r, c in zip(gpu.index, cpu.index)]
     np.testing.assert_array_equal(np.asarray(cpu.tokens), np.asarray(gpu.tokens))

@@ -40,6 +40,7 @@ def test_few_steps_lower_loss_and_export_decodes_losslessly(tmp_path):
     from dflash_gguf.engine.policy import DraftLengthPolicy
     from dflash_gguf.engine.target import Target
     from dflash_gguf.native.wrappers import ContextSettings, Model
+    from dflash_gguf.target_file import TargetFile
     from dflash_gguf.train.harvest import HarvestSettings
     from dflash_gguf.train.pipeline import train_drafter
     from dflash_gguf.train.trainer import TrainSettings
@@ -52,10 +53,12 @@ def test_few_steps_lower_loss_and_export_decodes_losslessly(tmp_path):
     settings = TrainSettings(n_layers=1, block_size=4, anchors_per_seq=16, seqs_per_step=2, epochs=3.0,
                              eval_every=10, lr=3e-3, warmup=0.1)
     out = tmp_path / "draft.gguf"
-    record = train_drafter(target, out, prompts, tmp_path / "work", taps=[1, 3],
-                           harvest_settings=HarvestSettings(taps=[1, 3], n_parallel=4, ctx_per_seq=128,
-                                                            max_new={"chat": 48}, n_threads=2),
-                           train_settings=settings, max_tokens=None, outtype="f32", progress=False, draft_vocab=40)
+    with TargetFile.open(target) as tf:
+        record = train_drafter(tf, out, prompts, tmp_path / "work", taps=[1, 3],
+                               harvest_settings=HarvestSettings(taps=[1, 3], n_parallel=4, ctx_per_seq=128,
+                                                                max_new={"chat": 48}, n_threads=2),
+                               train_settings=settings, max_tokens=None, outtype="f32", progress=False,
+                               draft_vocab=40)
     from dflash_gguf.convert.inspect_drafter import inspect_drafter
     assert inspect_drafter(out)["draft_vocab"] == 40 and 0.5 < record["draft_vocab"]["coverage_of_training_tokens"] <= 1
     history = json.loads((tmp_path / "work" / "checkpoint" / "history.json").read_text())

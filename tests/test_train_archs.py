@@ -28,7 +28,7 @@ def _target(arch, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", [*ARCHS, "qwen35-hybrid"])
 def test_a_tiny_target_of_each_architecture_trains_exports_and_decodes_losslessly(arch, tmp_path):
-    from dflash_gguf.convert.target_info import read_target
+    from dflash_gguf.target_file import TargetFile
     from dflash_gguf.engine.sources.dflash import DFlashSource
     from dflash_gguf.engine.loop import SpecDecoder
     from dflash_gguf.engine.policy import DraftLengthPolicy
@@ -40,15 +40,16 @@ def test_a_tiny_target_of_each_architecture_trains_exports_and_decodes_losslessl
     from dflash_gguf.train.trainer import TrainSettings
 
     target = _target(arch, tmp_path)
-    info = read_target(target)
+    info = TargetFile.open(target)
     check_shape(info, TAPS, 1, 4, None)
     out = tmp_path / "draft.gguf"
-    record = train_drafter(target, out, PROMPTS, tmp_path / "work", taps=TAPS,
+    record = train_drafter(info, out, PROMPTS, tmp_path / "work", taps=TAPS,
                            harvest_settings=HarvestSettings(taps=TAPS, n_parallel=4, ctx_per_seq=128,
                                                             max_new={"code": 40}, n_threads=1),
                            train_settings=TrainSettings(n_layers=1, block_size=4, rows=300, eval_every=50,
                                                         eval_seqs=4, lr=3e-3),
                            max_tokens=None, outtype="f32", progress=False)
+    info.close()
     assert record["labelled_rows"] >= 300 and math.isfinite(record["val_loss"])
 
     tm, dm = Model(target), Model(out)
@@ -72,6 +73,7 @@ def test_layers_start_as_the_targets_own_with_fused_tensors_split_and_qk_unpermu
     import gguf
     import numpy as np
 
+    from dflash_gguf.target_file import TargetFile
     from dflash_gguf.train.target_weights import layer_init
 
     def tensor(path, name):
@@ -79,7 +81,7 @@ def test_layers_start_as_the_targets_own_with_fused_tensors_split_and_qk_unpermu
         return np.array(t.data).reshape([int(x) for x in reversed(t.shape)])
 
     phi3 = write_tiny_target(tmp_path / "phi3.gguf", "phi3")
-    got = layer_init(phi3, 3, 1)
+    got = layer_init(TargetFile.open(phi3), 3, 1)
     qkv, up = tensor(phi3, "blk.3.attn_qkv.weight"), tensor(phi3, "blk.3.ffn_up.weight")
     np.testing.assert_array_equal(np.concatenate([got["layers.0.self_attn.q_proj.weight"],
                                                   got["layers.0.self_attn.k_proj.weight"],
@@ -87,8 +89,9 @@ def test_layers_start_as_the_targets_own_with_fused_tensors_split_and_qk_unpermu
     np.testing.assert_array_equal(np.concatenate([got["layers.0.mlp.gate_proj.weight"],
                                                   got["layers.0.mlp.up_proj.weight"]]), up)
     gemma = write_tiny_target(tmp_path / "gemma3.gguf", "gemma3")
-    got = layer_init(gemma, 3, 1)
+    got = layer_init(TargetFile.open(gemma), 3, 1)
     assert {"layers.0.attn_post_norm.weight", "layers.0.ffn_post_norm.weight"} <= set(got)
     llama = write_tiny_target(tmp_path / "llama.gguf", "llama")
     q = tensor(llama, "blk.3.attn_q.weight")
-    assert not np.array_equal(layer_init(llama, 3, 1)["layers.0.self_attn.q_proj.weight"], q)   # unpermuted
+    got = layer_init(TargetFile.open(llama), 3, 1)
+    assert not np.array_equal(got["layers.0.self_attn.q_proj.weight"], q)   # unpermuted

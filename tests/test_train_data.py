@@ -154,6 +154,7 @@ def test_training_can_stop_at_a_snapshot_and_go_on_under_the_same_schedule(tmp_p
 @pytest.mark.slow
 def test_harvest_multi_turn_topk_and_resume_on_a_tiny_target(tmp_path):
     from dflash_gguf.native.wrappers import Model
+    from dflash_gguf.target_file import TargetFile
     from dflash_gguf.train.harvest import HarvestSettings, harvest
     from helpers.engine import write_tiny_llama
     target = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=4, n_embd=64, text=True, seed=3)
@@ -161,11 +162,12 @@ def test_harvest_multi_turn_topk_and_resume_on_a_tiny_target(tmp_path):
             for i in range(12)]                                   # completions: the tiny vocabulary has no template
     settings = HarvestSettings(taps=[1, 3], n_parallel=4, ctx_per_seq=128, max_new={"chat": 12}, n_threads=2,
                                sampled_fraction=0.5, top_k_probs=K)
-    first = harvest(target, rows, tmp_path / "d", settings, max_tokens=60)
-    assert 0 < len(first.done) < 12
-    harvest(target, rows, tmp_path / "d", settings, prompt_range=(0, 9))     # resumes, within its range
-    assert sorted(r["prompt_index"] for r in FeatureDataset(tmp_path / "d").index) == list(range(9))
-    harvest(target, rows, tmp_path / "d", settings)                # resumes: each prompt exactly once
+    with TargetFile.open(target) as tf:
+        first = harvest(tf, rows, tmp_path / "d", settings, max_tokens=60)
+        assert 0 < len(first.done) < 12
+        harvest(tf, rows, tmp_path / "d", settings, prompt_range=(0, 9))     # resumes, within its range
+        assert sorted(r["prompt_index"] for r in FeatureDataset(tmp_path / "d").index) == list(range(9))
+        harvest(tf, rows, tmp_path / "d", settings)                # resumes: each prompt exactly once
     data = FeatureDataset(tmp_path / "d")
     assert sorted(r["prompt_index"] for r in data.index) == list(range(12))
     model = Model(target)

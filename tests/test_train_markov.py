@@ -130,7 +130,7 @@ def _tiny_dspark(tmp_path, **settings):
     steps leave it small)."""
     rank, k = 64, 80
     from dflash_gguf.convert import draft_vocab as dv
-    from dflash_gguf.convert.target_info import read_target
+    from dflash_gguf.target_file import TargetFile
     from dflash_gguf.train.harvest import DatasetWriter
     from dflash_gguf.train.pipeline import drafter_config
     from dflash_gguf.train.target_weights import embedding_and_head
@@ -145,11 +145,11 @@ def _tiny_dspark(tmp_path, **settings):
         w.add(toks.tolist(), [[4, 40]], {"category": "chat"}, prompt_index=i, sampled=False,
               feats=rng.standard_normal((40, len(TAPS) * H)))
     data = FeatureDataset(tmp_path / "data")
-    info = read_target(target)
+    info = TargetFile.open(target)
     config = drafter_config(info, TAPS, n_layers=1, block_size=8)
-    embed, head = embedding_and_head(target)
+    embed, head = embedding_and_head(info)
     counts = np.bincount(data.written_tokens(), minlength=N_VOCAB)
-    vocab = dv.build(target, counts, k, [])
+    vocab = dv.build(info, counts, k, [])
     settings = TrainSettings(n_layers=1, block_size=8, rows=700, anchors_per_seq=8, eval_every=10**9,
                              init_from_target=False, markov_rank=rank, **settings)
     tr = Trainer(data, config, embed, head, settings, draft_vocab=vocab.token_ids)
@@ -167,10 +167,12 @@ def dspark(tmp_path_factory):
 
 
 def _export(tmp_path, target, tr, vocab, outtype):
+    from dflash_gguf.target_file import TargetFile
     from dflash_gguf.train.pipeline import export
     out = tmp_path / f"dspark-{outtype}.gguf"
-    export(tr, target, out, {"labelled_rows": tr.rows_seen, "markov_rank": tr.config.markov_rank}, vocab,
-           outtype=outtype)
+    with TargetFile.open(target) as tf:
+        export(tr, tf, out, {"labelled_rows": tr.rows_seen, "markov_rank": tr.config.markov_rank}, vocab,
+               outtype=outtype)
     return out
 
 
@@ -281,7 +283,7 @@ def test_w1_spans_the_vocabulary_w2_the_draft_one_and_the_file_reads_back(tmp_pa
     """llama.cpp indexes W1 by any target token (create_tensor {rank, n_vocab}) and W2 gives one bias per head
     row ({rank, n_vocab_draft}); the validator asks the same, and our reader/writer round-trip the pair."""
     from dflash_gguf.convert.sources import read_source
-    from dflash_gguf.convert.target_info import read_target
+    from dflash_gguf.target_file import TargetFile
     from dflash_gguf.convert.writer import write_dflash_gguf
     from dflash_gguf.gguf_check import BadModelFile, check_drafter, parse_header
     from test_dflash_family import _rewrite
@@ -291,7 +293,7 @@ def test_w1_spans_the_vocabulary_w2_the_draft_one_and_the_file_reads_back(tmp_pa
         bad = _rewrite(out, tmp_path / f"bad-{name}.gguf", reshape={name: cut})
         with pytest.raises(BadModelFile, match=name):
             check_drafter(bad, target)
-    src = read_source(str(out), read_target(target))
+    src = read_source(str(out), TargetFile.open(target))
     state = tr.state_numpy()
     assert src.config.family == "DSpark" and src.config.markov_rank == 64 and src.config.sample_from_anchor is False
     np.testing.assert_array_equal(src.draft_vocab.token_ids, vocab.token_ids)

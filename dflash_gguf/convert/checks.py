@@ -9,16 +9,16 @@ import numpy as np
 from ..drafter.config import DrafterConfig
 from ..errors import UserError
 from ..gguf_check import fit_problems as shared_fit_problems, refuse_misfit
+from ..target_file import TargetFile
 from .names import hf_tensor_name
 from .normalized import same_model_name
-from .target_info import TargetInfo
 
 
 class ConvertError(UserError):
     """The drafter cannot be converted as asked; the message says why and what to do."""
 
 
-def fit_problems(config: DrafterConfig, target: TargetInfo) -> list[str]:
+def fit_problems(config: DrafterConfig, target: TargetFile) -> list[str]:
     """Every reason this drafter cannot run with this target (empty: it can)."""
     c = config
     problems = shared_fit_problems(c.hidden_size, list(c.target_layers), c.mask_token_id, c.vocab_size,
@@ -34,11 +34,11 @@ def fit_problems(config: DrafterConfig, target: TargetInfo) -> list[str]:
     return problems + c.member.problems(c.hidden_size, c.member_settings())
 
 
-def check_fits(config: DrafterConfig, target: TargetInfo, source: str) -> None:
+def check_fits(config: DrafterConfig, target: TargetFile, source: str) -> None:
     refuse_misfit(source, target.path, fit_problems(config, target), ConvertError)
 
 
-def fit_warnings(config: DrafterConfig, target: TargetInfo, trained_for: str | None = None,
+def fit_warnings(config: DrafterConfig, target: TargetFile, trained_for: str | None = None,
                  num_target_layers: int | None = None) -> list[str]:
     """Signs the drafter was trained for another target although it fits this one's shapes."""
     warnings = []

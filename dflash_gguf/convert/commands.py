@@ -29,27 +29,27 @@ def register(app: typer.Typer) -> None:
         threads: int = typer.Option(0, "-t", "--threads"),
     ):
         """Normalise a DFlash drafter into one validated upstream `dflash` GGUF for TARGET."""
+        from ..target_file import TargetFile
         from .checks import fit_warnings
         from .sources import read_source
-        from .target_info import read_target
         from .writer import ConvertError, write_dflash_gguf
         if out.exists() and not force:       # before reading a possibly large source
             raise ConvertError(f"{out} exists; pass --force to overwrite it")
-        tinfo = read_target(target)
-        source = read_source(src, tinfo, block_size)
-        for note in source.notes:
-            print(f"note: {note}", file=sys.stderr)
-        for warning in fit_warnings(source.config, tinfo, source.trained_for, source.num_target_layers):
-            print(f"warning: {warning}: it may have been trained for another target (low acceptance)",
-                  file=sys.stderr)
-        vocab = source.draft_vocab
-        if draft_vocab is not None:
-            from .draft_vocab import counted
-            vocab = counted(target, draft_vocab, vocab_prompts, vocab_samples, vocab_seconds, threads)
-        write_dflash_gguf(source.tensors, source.config, target, out, outtype=outtype, force=force,
-                          name=f"{tinfo.name} {source.config.family} drafter", source=source.description,
-                          extra_metadata={**source.train_metadata, "dflash_gguf.converted_from": source.description},
-                          draft_vocab=vocab)
+        with TargetFile.open(target) as target_file:
+            source = read_source(src, target_file, block_size)
+            for note in source.notes:
+                print(f"note: {note}", file=sys.stderr)
+            for warning in fit_warnings(source.config, target_file, source.trained_for, source.num_target_layers):
+                print(f"warning: {warning}: it may have been trained for another target (low acceptance)",
+                      file=sys.stderr)
+            vocab = source.draft_vocab
+            if draft_vocab is not None:
+                from .draft_vocab import counted
+                vocab = counted(target_file, draft_vocab, vocab_prompts, vocab_samples, vocab_seconds, threads)
+            write_dflash_gguf(source.tensors, source.config, target_file, out, outtype=outtype, force=force,
+                              name=f"{target_file.name} {source.config.family} drafter", source=source.description,
+                              extra_metadata={**source.train_metadata,
+                                              "dflash_gguf.converted_from": source.description}, draft_vocab=vocab)
         typer.echo(out)
 
     @app.command()

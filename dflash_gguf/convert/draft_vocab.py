@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
+from ..target_file import TargetFile
 
 
 @dataclass
@@ -46,36 +47,34 @@ def choose_tokens(counts: np.ndarray, k: int, keep: list[int] = ()) -> np.ndarra
     return np.array(sorted(chosen), dtype=np.int64)
 
 
-def target_head_rows(target: Path, token_ids: np.ndarray) -> tuple[np.ndarray, object]:
+def target_head_rows(target: TargetFile, token_ids: np.ndarray) -> tuple[np.ndarray, object]:
     """Rows `token_ids` of the target's LM head (its token embedding when tied), in the target's own type."""
-    from .target_info import read_gguf  # noqa: PLC0415
-    by_name = {t.name: t for t in read_gguf(target, "target GGUF").tensors}
-    t = by_name.get("output.weight") or by_name.get("token_embd.weight")
+    t = target.tensors.get("output.weight") or target.tensors.get("token_embd.weight")
     if t is None:
-        raise UserError(f"{target}: no output.weight or token_embd.weight tensor; cannot build a draft vocabulary")
+        raise UserError(f"{target.path}: no output.weight or token_embd.weight tensor; cannot build a draft vocabulary")
     rows = np.asarray(t.data)
     n_rows = int(t.shape[1])
     if rows.shape[0] != n_rows:
-        raise UserError(f"{target}: unexpected layout of {t.name} ({rows.shape}); cannot build a draft vocabulary")
+        raise UserError(f"{target.path}: unexpected layout of {t.name} ({rows.shape}); cannot build a draft vocabulary")
     if token_ids.max(initial=-1) >= n_rows:
-        raise UserError(f"{target}: token id {int(token_ids.max())} is outside its LM head ({n_rows} rows); "
+        raise UserError(f"{target.path}: token id {int(token_ids.max())} is outside its LM head ({n_rows} rows); "
                         "count tokens with this target, not another model")
     return np.ascontiguousarray(rows[token_ids]), t.tensor_type
 
 
-def build(target: Path, counts: np.ndarray, k: int, keep: list[int]) -> DraftVocab:
+def build(target: TargetFile, counts: np.ndarray, k: int, keep: list[int]) -> DraftVocab:
     ids = choose_tokens(counts, k, keep)
     rows, qtype = target_head_rows(target, ids)
     return DraftVocab(ids, rows, qtype)
 
 
-def counted(target: Path, k: int, prompt_files: list[Path], n_prompts: int, seconds: float | None = None,
+def counted(target: TargetFile, k: int, prompt_files: list[Path], n_prompts: int, seconds: float | None = None,
             n_threads: int = 0) -> DraftVocab:
     """The `k`-token draft vocabulary of `target`, counted on its responses to `n_prompts` prompts."""
     from ..textgen.token_counts import count_target_tokens, load_prompt_rows  # noqa: PLC0415
-    counts, eog = count_target_tokens(target, load_prompt_rows(prompt_files)[:n_prompts], seconds=seconds,
-                                      n_threads=n_threads)
-    vocab = build(target, counts, k, eog)
+    counts = count_target_tokens(target, load_prompt_rows(prompt_files)[:n_prompts], seconds=seconds,
+                                 n_threads=n_threads)
+    vocab = build(target, counts, k, target.eog_ids)
     print(f"draft vocabulary: {vocab.size} tokens cover {coverage(vocab.token_ids, counts):.1%} of the counted "
           "tokens", file=sys.stderr)
     return vocab

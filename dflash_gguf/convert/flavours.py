@@ -18,11 +18,12 @@ import numpy as np
 from ..drafter.config import DrafterConfig, official_target_layer_ids
 from ..errors import UserError
 from ..gguf_family import MEMBERS
+from ..gguf_reader import open_gguf
+from ..target_file import TargetFile
 from .draft_vocab import DraftVocab, check_d2t, rows_over_vocab
 from .hparams import read_hparams
 from .names import hf_tensor_name
 from .normalized import DrafterSource, target_from_drafter_name
-from .target_info import TargetInfo, read_gguf
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ _BORROWED = ("token_embd.weight", "output.weight", "output_extra.weight")
 
 
 def detect_flavour(path: Path) -> Flavour:
-    r = read_gguf(path, "drafter GGUF")
+    r = open_gguf(path)
     f = r.fields.get("general.architecture")
     arch = f.contents() if f is not None else None
     tensor_names = {t.name for t in r.tensors}
@@ -109,12 +110,12 @@ def _required(r, keys: tuple[str, ...], what: str, path: Path):
     return value
 
 
-def normalize_gguf(path: Path, flavour: Flavour, target: TargetInfo | None,
+def normalize_gguf(path: Path, flavour: Flavour, target: TargetFile | None,
                    load_tensors: bool = True) -> DrafterSource:
     """A flavoured drafter GGUF as a DrafterSource (z-lab-named float32 tensors; none when not
     `load_tensors`). Without a target, missing target layer ids stay empty and vocab_size 0."""
     import gguf  # noqa: PLC0415
-    r = read_gguf(path, "drafter GGUF")
+    r = open_gguf(path)
 
     def get(suffix, default=None):
         f = r.fields.get(f"{flavour.arch}.{suffix}")
@@ -213,7 +214,7 @@ def normalize_gguf(path: Path, flavour: Flavour, target: TargetInfo | None,
                          train_metadata={k: f.contents() for k, f in r.fields.items() if k.startswith("dflash_gguf.train.")})
 
 
-def _draft_vocab(by_name: dict, target: TargetInfo | None, path: Path) -> DraftVocab:
+def _draft_vocab(by_name: dict, target: TargetFile | None, path: Path) -> DraftVocab:
     """The reduced vocabulary of an upstream-schema drafter: its d2t ids and its own head rows, as stored."""
     head = by_name.get("output.weight")
     if head is None:

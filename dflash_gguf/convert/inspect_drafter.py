@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..gguf_reader import open_gguf
+from ..target_file import TargetFile
 from .checks import fit_problems, fit_warnings
 from .flavours import detect_flavour, normalize_gguf
-from .target_info import read_gguf, read_target
 
 
 def inspect_drafter(path: Path, target: Path | None = None) -> dict:
     """Geometry, DFlash settings, training metadata and (with `target`) whether it fits, as a flat dict."""
     flavour = detect_flavour(path)
-    tinfo = read_target(target) if target else None
+    tinfo = TargetFile.open(target) if target else None
     src = normalize_gguf(path, flavour, tinfo, load_tensors=False)
     c = src.config
-    fields = read_gguf(path, "drafter GGUF").fields
+    fields = open_gguf(path).fields
     report = {
         "file": str(path), "size_mib": round(path.stat().st_size / 2**20, 2), "flavour": flavour.name,
         "family": c.family,
@@ -39,6 +40,6 @@ def inspect_drafter(path: Path, target: Path | None = None) -> dict:
 
 
 def _draft_vocab_size(path: Path) -> int | None:
-    d2t = next((t for t in read_gguf(path, "drafter GGUF").tensors if t.name == "d2t"), None)
+    d2t = next((t for t in open_gguf(path).tensors if t.name == "d2t"), None)
     return int(d2t.n_elements) if d2t is not None else None
 

@@ -13,11 +13,11 @@ from pathlib import Path
 from ..drafter.config import DrafterConfig, official_target_layer_ids
 from ..errors import UserError
 from ..gguf_family import DFLASH2, DSPARK, Member
+from ..target_file import TargetFile
 from .flavours import detect_flavour, normalize_gguf
 from .hparams import rope_scaling_from_hf
 from .normalized import DrafterSource, target_from_drafter_name
 from .safetensors_io import read_safetensors_folder
-from .target_info import TargetInfo
 
 # z-lab config features this converter cannot represent: (test on the config, what to say)
 _REFUSED = (
@@ -57,7 +57,7 @@ def _sliding(hf: dict, n_layers: int) -> tuple[int | None, list[str] | None]:
     return None, None
 
 
-def read_zlab_folder(folder: Path, target: TargetInfo, block_size: int | None = None,
+def read_zlab_folder(folder: Path, target: TargetFile, block_size: int | None = None,
                      name: str | None = None) -> DrafterSource:
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
@@ -93,7 +93,7 @@ def read_zlab_folder(folder: Path, target: TargetInfo, block_size: int | None = 
                          n_params=sum(t.size for t in tensors.values()))
 
 
-def _config_from_hf(hf: dict, cfg_path: Path, target: TargetInfo, block_size: int | None,
+def _config_from_hf(hf: dict, cfg_path: Path, target: TargetFile, block_size: int | None,
                     notes: list[str]) -> tuple[DrafterConfig, int | None]:
     """DrafterConfig (and the target depth it names) from a z-lab config.json; notes what it inferred."""
     n_layers = int(hf["num_hidden_layers"])
@@ -185,7 +185,7 @@ def resolve_source(src: str) -> Path:
     raise UserError(f"{src}: no such file or folder")
 
 
-def read_source(src: str, target: TargetInfo, block_size: int | None = None) -> DrafterSource:
+def read_source(src: str, target: TargetFile, block_size: int | None = None) -> DrafterSource:
     path = resolve_source(src)
     if path.is_dir():
         name = src.split("/")[-1] if not Path(src).expanduser().exists() else path.name

@@ -9,18 +9,20 @@ import numpy as np
 
 from ..drafter.config import DrafterConfig
 from ..errors import UserError
+from ..target_file import TargetFile
 
 
-def load_check(drafter_path: Path, target_path: Path, config: DrafterConfig,
+def load_check(drafter_path: Path, target: TargetFile, config: DrafterConfig,
                vocab_ids: np.ndarray | None = None) -> None:
     """Raise UserError unless llama.cpp loads `drafter_path`, reads back its taps / block size / mask token,
-    and drafts one block with finite logits after injecting a few context rows (ctx_other = a target context).
+    and drafts one block with finite logits after injecting a few context rows (ctx_other = a context of
+    the target's shared model).
     With a reduced draft vocabulary (`vocab_ids`) exactly those logits are finite, the others -inf."""
     from ..native.wrappers import (  # noqa: PLC0415
         Batch, Context, ContextSettings, DecodeError, Model, ModelLoadError)
     with ExitStack() as stack:
         try:
-            target = stack.enter_context(closing(Model(target_path)))
+            target_model = target.model()
             drafter = stack.enter_context(closing(Model(drafter_path)))
         except ModelLoadError as e:
             raise UserError(f"the written drafter does not load in llama.cpp: {e}") from e
@@ -30,7 +32,7 @@ def load_check(drafter_path: Path, target_path: Path, config: DrafterConfig,
             raise UserError(f"the written drafter reads back as (taps, block, mask) = {got}, expected {want}")
         n_ctx = 4             # context rows injected before the block
         settings = ContextSettings(n_ctx=64, n_batch=32, n_ubatch=max(32, config.block_size), n_threads=1)
-        tctx = stack.enter_context(closing(Context(target, settings)))
+        tctx = stack.enter_context(closing(Context(target_model, settings)))
         dctx = stack.enter_context(closing(Context(drafter, settings, other=tctx)))
         dctx.set_causal(False)
         width = config.n_taps * config.hidden_size

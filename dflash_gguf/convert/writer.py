@@ -14,11 +14,11 @@ import numpy as np
 
 from .. import gguf_family
 from ..drafter.config import DrafterConfig
+from ..target_file import TargetFile
 from .checks import ConvertError, check_fits, check_shapes
 from .draft_vocab import DraftVocab
 from .hparams import write_hparams
 from .names import gguf_tensor_name
-from .target_info import TargetInfo, read_target
 
 __all__ = ["ARCH", "OUTTYPES", "ConvertError", "add_decoder_hparams", "add_target_tokenizer", "finish", "write_dflash_gguf"]
 
@@ -60,11 +60,11 @@ def add_decoder_hparams(w, *, n_layer: int, n_ctx: int, n_embd: int, n_ff: int, 
     w.add_rope_freq_base(rope_base)
 
 
-def add_target_tokenizer(w, target: TargetInfo, mask_token_id: int) -> None:
+def add_target_tokenizer(w, target: TargetFile, mask_token_id: int) -> None:
     """The target's tokenizer keys, types kept, with the drafter's mask token."""
-    for key, (value, vtype, sub) in target.tokenizer_fields.items():
-        if key != "tokenizer.ggml.mask_token_id":
-            w.add_key_value(key, value, vtype, sub_type=sub)
+    for key, f in target.header.fields.items():
+        if key.startswith("tokenizer.") and key != "tokenizer.ggml.mask_token_id":
+            w.add_key_value(key, f.value, f.types[0], sub_type=f.types[1] if len(f.types) > 1 else None)
     w.add_uint32("tokenizer.ggml.mask_token_id", mask_token_id)
 
 
@@ -76,7 +76,7 @@ def finish(w, progress: bool = False) -> None:
     w.close()
 
 
-def _write(tensors: dict[str, np.ndarray], config: DrafterConfig, target: TargetInfo, path: Path, outtype: str,
+def _write(tensors: dict[str, np.ndarray], config: DrafterConfig, target: TargetFile, path: Path, outtype: str,
            extra_metadata: dict | None, name: str, draft_vocab: DraftVocab | None) -> None:
     import gguf  # noqa: PLC0415
     c = config
@@ -115,11 +115,12 @@ def _write(tensors: dict[str, np.ndarray], config: DrafterConfig, target: Target
     finish(w, progress=sum(np.asarray(a).size for a in tensors.values()) > 50_000_000)
 
 
-def write_dflash_gguf(tensors: dict[str, np.ndarray], config: DrafterConfig, target_gguf: Path, out_path: Path,
-                      outtype: str = "f16", extra_metadata: dict | None = None, force: bool = False,
+def write_dflash_gguf(tensors: dict[str, np.ndarray], config: DrafterConfig, target: TargetFile | Path,
+                      out_path: Path, outtype: str = "f16", extra_metadata: dict | None = None, force: bool = False,
                       name: str = "dflash-drafter", source: str = "drafter", validate: bool = True,
                       draft_vocab: DraftVocab | None = None) -> Path:
-    """tensors: z-lab names → float32 [out, in]; the output fits `target_gguf` (checked) and loads in llama.cpp.
+    """tensors: z-lab names → float32 [out, in]; the output fits `target` (a TargetFile, or its path: checked)
+    and loads in llama.cpp (the target's shared model serves the load check).
     With `draft_vocab` the drafter proposes only those tokens, through its own copy of their head rows (and a
     DSpark W2, given over the whole vocabulary, keeps only their rows)."""
     out_path = Path(out_path)
@@ -127,7 +128,8 @@ def write_dflash_gguf(tensors: dict[str, np.ndarray], config: DrafterConfig, tar
         raise ConvertError(f"--outtype {outtype}: choose one of {', '.join(OUTTYPES)}")
     if out_path.exists() and not force:
         raise ConvertError(f"{out_path} exists; pass --force to overwrite it")
-    target = read_target(Path(target_gguf))
+    opened = not isinstance(target, TargetFile)         # a path: opened, and its model freed, here
+    target = TargetFile.open(target) if opened else target
     check_fits(config, target, source)
     check_shapes(tensors, config, source, target.n_vocab)
     if draft_vocab is not None and not config.member.draft_vocab:
@@ -147,10 +149,12 @@ def write_dflash_gguf(tensors: dict[str, np.ndarray], config: DrafterConfig, tar
             llama_quantize(tmp, tmp, K_QUANTS[outtype])
         if validate:
             from .validate import load_check  # noqa: PLC0415
-            load_check(tmp, Path(target_gguf), config, None if draft_vocab is None else draft_vocab.token_ids)
+            load_check(tmp, target, config, None if draft_vocab is None else draft_vocab.token_ids)
         os.replace(tmp, out_path)
     finally:
         tmp.unlink(missing_ok=True)
+        if opened:
+            target.close()
     before = sum(np.asarray(a).size * 4 for a in tensors.values())
     print(f"wrote {out_path} ({outtype}): {before / 2**20:.1f} MiB as F32 -> {out_path.stat().st_size / 2**20:.1f} MiB",
           file=sys.stderr)

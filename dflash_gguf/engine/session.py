@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import RunFailure, SetupError, UserError
-from ..gguf_check import check_drafter, check_fits, check_target
+from ..gguf_check import check_drafter, check_fits
 from ..native.wrappers import ContextSettings, Model, ModelLoadError, TensorOverride
 from ..paths import cache_root
 from ..settings import EngineSettings
+from ..target_file import TargetFile
 from . import prefix
 from .loop import GenerationResult, SpecDecoder, TokenCallback
 from .policy import CostCache, CostCurve, DraftLengthPolicy, measure_cost_curve
@@ -317,12 +318,12 @@ def check_inputs(settings: EngineSettings, *, speculative: bool = True) -> tuple
     malformed files); returns their paths, defaults resolved. Cheap: headers only, cached per file."""
     settings.validate()
     target_path = settings.target or default_target()
-    target_header = check_target(target_path)
+    target = TargetFile.open(target_path)     # its header: the engine loads its own llama.cpp model
     # the lookup source needs no drafter file: one is loaded only where it is given (-md)
     wants_drafter = speculative and (settings.draft_source != "lookup" or settings.drafter is not None)
     drafter_path = (settings.drafter or default_drafter(target_path)) if wants_drafter else None
     if drafter_path is not None:
-        check_fits(check_drafter(drafter_path), target_header)
+        check_fits(check_drafter(drafter_path), target.header)
     return target_path, drafter_path
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..corpus.prompts import FIRST_PROMPTS, load
+from ..target_file import TargetFile
 
 
 def load_prompt_rows(files: list[Path]) -> list[dict]:
@@ -22,18 +23,17 @@ def load_prompt_rows(files: list[Path]) -> list[dict]:
     return rows
 
 
-def count_target_tokens(target: Path, rows: list[dict], max_new: int = 128, seconds: float | None = None,
-                        n_threads: int = 0) -> tuple[np.ndarray, list[int]]:
+def count_target_tokens(target: TargetFile, rows: list[dict], max_new: int = 128, seconds: float | None = None,
+                        n_threads: int = 0) -> np.ndarray:
     """Counts [n_vocab] of the tokens in the target's greedy responses to `rows` (or as many as `seconds`
-    allow), and the target's end-of-generation token ids (a draft vocabulary always keeps them)."""
-    from ..native.wrappers import Batch, Context, ContextSettings, Model  # noqa: PLC0415
+    allow), through the target's shared model."""
+    from ..native.wrappers import Batch, Context, ContextSettings  # noqa: PLC0415
     from .greedy import greedy_continuation  # noqa: PLC0415
     from .prompting import format_prompt  # noqa: PLC0415
-    model = Model(target)
+    model = target.model()
     ctx = Context(model, ContextSettings(n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=n_threads))
     batch = Batch(model.native, 512)
     counts = np.zeros(model.n_vocab, np.int64)
-    eog = _eog(model)
     t0, done = time.monotonic(), 0
     try:
         for row in rows:
@@ -43,22 +43,9 @@ def count_target_tokens(target: Path, rows: list[dict], max_new: int = 128, seco
             np.add.at(counts, out, 1)
             done += 1
     finally:
-        for obj in (batch, ctx, model):
-            obj.close()
+        batch.close()
+        ctx.close()
     print(f"draft vocabulary: counted {int(counts.sum())} tokens of the target's responses to {done} prompts "
           f"({(counts > 0).sum()} distinct)", file=sys.stderr)
-    return counts, eog
+    return counts
 
-
-def _eog(model) -> list[int]:
-    return [t for t in range(model.n_vocab) if model.is_eog(t)]
-
-
-def eog_tokens(target: Path) -> list[int]:
-    """The target's end-of-generation token ids."""
-    from ..native.wrappers import Model  # noqa: PLC0415
-    model = Model(target)
-    try:
-        return _eog(model)
-    finally:
-        model.close()

@@ -30,6 +30,7 @@ from typing import Callable
 import numpy as np
 
 from ..engine.sampling import SamplingParams, pick
+from ..target_file import TargetFile
 from ..textgen.prompting import format_prompt, is_completion, next_turn_tokens
 from . import features as fx
 
@@ -179,7 +180,7 @@ def top_k_probs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(ids, order, axis=1), np.exp(np.take_along_axis(top, order, axis=1) - lse)
 
 
-def harvest(target_path: Path, prompts: list[dict], out: Path, settings: HarvestSettings,
+def harvest(target: TargetFile, prompts: list[dict], out: Path, settings: HarvestSettings,
             max_tokens: int | None = None, max_seconds: float | None = None, meta_extra: dict | None = None,
             progress: Callable[["DatasetWriter", float], None] | None = None,
             shard: tuple[int, int] = (0, 1), prompt_range: tuple[int, int] | None = None) -> DatasetWriter:
@@ -188,68 +189,122 @@ def harvest(target_path: Path, prompts: list[dict], out: Path, settings: Harvest
     shard (i, n): this process takes the prompts whose index is i mod n (n single-threaded processes beat
     one n-threaded one on a busy machine: ggml's threads wait for each other at every op).
     prompt_range [a, b): only these prompt indices (e.g. prompts a drafter being continued has not seen)."""
-    from ..native.wrappers import Batch, Context, ContextSettings, Model  # noqa: PLC0415
-
-    model = Model(target_path, n_gpu_layers=settings.n_gpu_layers)
-    meta = {"target": target_path.name, "target_arch": model.arch, "taps": list(settings.taps),
+    from ..native.wrappers import Batch, Context, ContextSettings  # noqa: PLC0415
+    model = target.model(settings.n_gpu_layers)
+    meta = {"target": target.path.name, "target_arch": model.arch, "taps": list(settings.taps),
             "n_embd": model.n_embd, "seed": settings.seed, "store_features": settings.store_features,
             "top_k_probs": settings.top_k_probs, "feature_dtype": settings.feature_dtype,
             "settings": asdict(settings) | {"chat_template": None}} | (meta_extra or {})
     writer = DatasetWriter(out, meta)
-    n_par, K = settings.n_parallel, settings.top_k_probs
-    ctx = Context(model, ContextSettings(n_ctx=n_par * settings.ctx_per_seq, n_batch=512, n_ubatch=512,
-                                         n_threads=settings.n_threads, n_seq_max=n_par))
-    ctx.set_taps(settings.taps)
-    width = len(settings.taps) * model.n_embd
-    batch = Batch(model.native, max(512, n_par))
     lo, hi = prompt_range or (0, len(prompts))
     queue = [(i, r) for i, r in enumerate(prompts)
              if lo <= i < hi and i not in writer.done and i % shard[1] == shard[0]]
-    queue.reverse()                       # pop() from the end takes them in order
-    slots: dict[int, _Slot] = {}
-    t0 = time.time()
+    n_par = settings.n_parallel
+    with contextlib.ExitStack() as stack:      # the context and batch are freed however the harvest ends
+        ctx = stack.enter_context(contextlib.closing(Context(model, ContextSettings(
+            n_ctx=n_par * settings.ctx_per_seq, n_batch=512, n_ubatch=512, n_threads=settings.n_threads,
+            n_seq_max=n_par))))
+        ctx.set_taps(settings.taps)
+        batch = stack.enter_context(contextlib.closing(Batch(model.native, max(512, n_par))))
+        writer.seconds = _Generator(model, ctx, batch, settings, writer, queue).run(max_tokens, max_seconds, progress)
+    return writer
 
-    def prefill(slot: _Slot, toks: list[int]) -> None:
+
+class _Generator:
+    """n_parallel sequences in one llama.cpp context (one KV stream each); a finished sequence is written and
+    its stream takes the next prompt of `queue`."""
+
+    def __init__(self, model, ctx, batch, settings: HarvestSettings, writer: DatasetWriter,
+                 queue: list[tuple[int, dict]]):
+        self.model, self.ctx, self.batch, self.s, self.writer = model, ctx, batch, settings, writer
+        self.K = settings.top_k_probs
+        self.queue = queue[::-1]              # pop() from the end takes them in order
+        self.slots: dict[int, _Slot] = {}
+        self.width = len(settings.taps) * model.n_embd
+
+    def run(self, max_tokens: int | None, max_seconds: float | None, progress) -> float:
+        """Until the queue is done or a budget is spent (sequences in flight are then kept); returns seconds."""
+        t0 = time.time()
+
+        def spent() -> bool:
+            return bool((max_tokens is not None and self.writer.offset >= max_tokens)
+                        or (max_seconds is not None and time.time() - t0 >= max_seconds))
+
+        for seq in range(self.s.n_parallel):
+            if spent():
+                break
+            self.start(seq)
+        while self.slots and not spent():
+            self.step(spent)
+            if progress:
+                progress(self.writer, time.time() - t0)
+        for s in list(self.slots.values()):
+            s.spans[-1][1] = len(s.tokens)
+            self.finish(s)
+        return time.time() - t0
+
+    def prefill(self, slot: _Slot, toks: list[int]) -> None:
         pos0 = len(slot.tokens)
         for i in range(0, len(toks), 512):
             part = toks[i:i + 512]
-            batch.set_rows(part, range(pos0 + i, pos0 + i + len(part)), [slot.seq] * len(part), "last")
-            ctx.decode(batch, "harvest prefill")
-            if settings.store_features:
-                slot.feats.extend(ctx.get_taps(0, len(part)))
+            self.batch.set_rows(part, range(pos0 + i, pos0 + i + len(part)), [slot.seq] * len(part), "last")
+            self.ctx.decode(self.batch, "harvest prefill")
+            if self.s.store_features:
+                slot.feats.extend(self.ctx.get_taps(0, len(part)))
         slot.tokens.extend(toks)
-        keep([slot], ctx.logits(len(part) - 1)[None])
+        self.keep([slot], self.ctx.logits(len(part) - 1)[None])
 
-    def keep(active: list[_Slot], logits: np.ndarray) -> None:
+    def keep(self, active: list[_Slot], logits: np.ndarray) -> None:
         """Record the target's view of the next position of each slot ([n, V] logits) and pick its token."""
-        if K:
-            ids, p = top_k_probs(logits, K)
+        if self.K:
+            ids, p = top_k_probs(logits, self.K)
         for i, slot in enumerate(active):
-            if K:
+            if self.K:
                 slot.topk_ids.append(ids[i])
                 slot.topk_p.append(p[i])
             slot.tokens.append(pick(logits[i], slot.sampling, slot.rng))
 
-    def start(seq: int) -> None:
-        while queue:
-            index, row = queue.pop()
-            toks = format_prompt(model, row, settings.chat_template)
-            if not 4 <= len(toks) <= min(768, settings.ctx_per_seq // 2):
+    def start(self, seq: int) -> None:
+        """Stream `seq` takes the next prompt that fits."""
+        s, K = self.s, self.K
+        while self.queue:
+            index, row = self.queue.pop()
+            toks = format_prompt(self.model, row, s.chat_template)
+            if not 4 <= len(toks) <= min(768, s.ctx_per_seq // 2):
                 continue
-            rng = np.random.default_rng([settings.seed, index])
-            sampled = rng.random() < settings.sampled_fraction
-            sp = SamplingParams(settings.temperature, settings.top_k, settings.top_p) if sampled else SamplingParams()
-            budget = settings.max_new.get(row.get("category"), 256)
+            rng = np.random.default_rng([s.seed, index])
+            sampled = rng.random() < s.sampled_fraction
+            sp = SamplingParams(s.temperature, s.top_k, s.top_p) if sampled else SamplingParams()
+            budget = s.max_new.get(row.get("category"), 256)
             slot = _Slot(seq, index, row, [], [], [], [], [], budget, sp, rng, list(row.get("followups", [])))
             slot.topk_ids = [np.full(K, -1, np.int32)] * (len(toks) - 1) if K else []
             slot.topk_p = [np.zeros(K, np.float32)] * (len(toks) - 1) if K else []
-            prefill(slot, toks)
+            self.prefill(slot, toks)
             slot.spans.append([len(toks), len(toks)])
-            slots[seq] = slot
+            self.slots[seq] = slot
             return
 
-    def end_turn(slot: _Slot) -> bool:
+    def step(self, spent: Callable[[], bool]) -> None:
+        """One token for every active sequence; those that end are written and their streams start anew."""
+        active = sorted(self.slots.values(), key=lambda s: s.seq)
+        self.batch.set_rows([s.tokens[-1] for s in active], [len(s.tokens) - 1 for s in active],
+                            [s.seq for s in active], "all")
+        self.ctx.decode(self.batch, "harvest step")
+        if self.s.store_features:
+            rows = self.ctx.get_taps(0, len(active))
+            for i, s in enumerate(active):
+                s.feats.append(rows[i])
+        self.keep(active, self.ctx.logits_all(len(active)))   # before any prefill below overwrites the outputs
+        for s in active:
+            written = len(s.tokens) - s.spans[-1][0]
+            if (self.model.is_eog(s.tokens[-1]) or written >= s.max_new) and not self.end_turn(s):
+                self.finish(s)
+                if not spent():
+                    self.start(s.seq)
+
+    def end_turn(self, slot: _Slot) -> bool:
         """Close the current answer; open the next user turn if there is one (True: the slot goes on)."""
+        model = self.model
         slot.spans[-1][1] = len(slot.tokens)
         if not slot.followups or not model.is_eog(slot.tokens[-1]) or is_completion(slot.row):
             return False
@@ -258,58 +313,24 @@ def harvest(target_path: Path, prompts: list[dict], out: Path, settings: Harvest
             messages.append({"role": "assistant", "content": model.detokenize(slot.tokens[s:e - 1])})
             messages.append({"role": "user", "content": slot.row["followups"][i] if i < len(slot.row["followups"])
                              else ""})
-        turn = next_turn_tokens(model, messages, slot.tokens[-1], settings.chat_template)
+        turn = next_turn_tokens(model, messages, slot.tokens[-1], self.s.chat_template)
         follow = slot.followups.pop(0)
-        if not turn or not follow or len(slot.tokens) + len(turn) + 64 > settings.ctx_per_seq:
+        if not turn or not follow or len(slot.tokens) + len(turn) + 64 > self.s.ctx_per_seq:
             return False
         eog = slot.tokens.pop()           # decoded now, as the first token of the next turn's prefill
-        if K:
-            slot.topk_ids.extend([np.full(K, -1, np.int32)] * len(turn))
-            slot.topk_p.extend([np.zeros(K, np.float32)] * len(turn))
-        prefill(slot, [eog] + turn)
+        if self.K:
+            slot.topk_ids.extend([np.full(self.K, -1, np.int32)] * len(turn))
+            slot.topk_p.extend([np.zeros(self.K, np.float32)] * len(turn))
+        self.prefill(slot, [eog] + turn)
         slot.spans.append([len(slot.tokens) - 1, len(slot.tokens) - 1])
         return True
 
-    def finish(slot: _Slot) -> None:
-        feats = np.vstack(slot.feats + [np.zeros(width, np.float32)]) if settings.store_features else None
+    def finish(self, slot: _Slot) -> None:
+        K = self.K
+        feats = np.vstack(slot.feats + [np.zeros(self.width, np.float32)]) if self.s.store_features else None
         ids = np.vstack(slot.topk_ids + [np.full(K, -1, np.int32)]) if K else None
         p = np.vstack(slot.topk_p + [np.zeros(K, np.float32)]) if K else None
-        writer.add(slot.tokens, slot.spans, slot.row, prompt_index=slot.prompt_index,
-                   sampled=not slot.sampling.greedy, feats=feats, topk_ids=ids, topk_p=p)
-        ctx.seq_rm(0, -1, seq=slot.seq)
-        del slots[slot.seq]
-
-    def out_of_budget() -> bool:
-        return bool((max_tokens is not None and writer.offset >= max_tokens)
-                    or (max_seconds is not None and time.time() - t0 >= max_seconds))
-
-    for seq in range(n_par):
-        if out_of_budget():
-            break
-        start(seq)
-    while slots and not out_of_budget():
-        active = sorted(slots.values(), key=lambda s: s.seq)
-        batch.set_rows([s.tokens[-1] for s in active], [len(s.tokens) - 1 for s in active],
-                       [s.seq for s in active], "all")
-        ctx.decode(batch, "harvest step")
-        rows = ctx.get_taps(0, len(active)) if settings.store_features else None
-        if rows is not None:
-            for i, s in enumerate(active):
-                s.feats.append(rows[i])
-        keep(active, ctx.logits_all(len(active)))   # before any prefill below overwrites the outputs
-        for s in active:
-            written = len(s.tokens) - s.spans[-1][0]
-            if (model.is_eog(s.tokens[-1]) or written >= s.max_new) and not end_turn(s):
-                finish(s)
-                if not out_of_budget():
-                    start(s.seq)
-        if progress:
-            progress(writer, time.time() - t0)
-    for s in list(slots.values()):          # stopped by a budget: keep what was generated
-        s.spans[-1][1] = len(s.tokens)
-        finish(s)
-    writer.seconds = time.time() - t0
-    ctx.close()
-    model.close()
-    return writer
-
+        self.writer.add(slot.tokens, slot.spans, slot.row, prompt_index=slot.prompt_index,
+                        sampled=not slot.sampling.greedy, feats=feats, topk_ids=ids, topk_p=p)
+        self.ctx.seq_rm(0, -1, seq=slot.seq)
+        del self.slots[slot.seq]

@@ -12,22 +12,24 @@ import multiprocessing
 from pathlib import Path
 
 from ..errors import RunFailure
+from ..target_file import TargetFile
 from .harvest import HarvestSettings, harvest
 
 
 def _shard(args) -> None:
-    target, prompts, out, settings, shard, kwargs = args
-    harvest(target, prompts, out, settings, shard=shard, **kwargs)
+    target_path, prompts, out, settings, shard, kwargs = args
+    with TargetFile.open(target_path) as target:
+        harvest(target, prompts, out, settings, shard=shard, **kwargs)
 
 
-def harvest_in_processes(target: Path, prompts: list[dict], out: Path, settings: HarvestSettings, processes: int,
+def harvest_in_processes(target: TargetFile, prompts: list[dict], out: Path, settings: HarvestSettings, processes: int,
                          **kwargs):
     """harvest() over `processes` shards: shard 0 here, the others in spawned processes. Returns shard 0's
     writer; the dataset folder holds every shard's sequences."""
     if processes <= 1:
         return harvest(target, prompts, out, settings, **kwargs)
     spawn = multiprocessing.get_context("spawn")
-    others = [spawn.Process(target=_shard, args=((target, prompts, out, settings, (i, processes), kwargs),))
+    others = [spawn.Process(target=_shard, args=((target.path, prompts, out, settings, (i, processes), kwargs),))
               for i in range(1, processes)]
     for p in others:
         p.start()

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..convert.target_info import TargetInfo, read_target
 from ..drafter.config import DrafterConfig, official_target_layer_ids
 from ..errors import UserError
 from ..paths import sha256_file as file_sha256
+from ..target_file import TargetFile
 from .harvest import HarvestSettings
 from .trainer import Trainer, TrainSettings
 
@@ -36,7 +36,7 @@ def parse_taps(spec: str, n_target_layers: int) -> list[int]:
     return taps
 
 
-def drafter_config(target: TargetInfo, taps: list[int], n_layers: int, block_size: int) -> DrafterConfig:
+def drafter_config(target: TargetFile, taps: list[int], n_layers: int, block_size: int) -> DrafterConfig:
     """Same attention/MLP geometry as the target's layers, so draft layers can start as target layers, and the
     target's embedding scale, activation and norms (target_arch.py)."""
     from .target_arch import traits  # noqa: PLC0415
@@ -64,28 +64,26 @@ def dataset_dir(target_sha: str, prompts_sha: str, seed: int) -> Path:
     return cache_root() / "datasets" / f"{target_sha[:16]}-{prompts_sha[:12]}-s{seed}"
 
 
-def build_trainer(target: Path, data, settings: TrainSettings, draft_vocab: int | None = None,
+def build_trainer(target: TargetFile, data, settings: TrainSettings, draft_vocab: int | None = None,
                   init_drafter: Path | None = None):
     """(Trainer, draft vocabulary or None) for `target` on a harvested dataset; the draft vocabulary, when
     asked for, is the K tokens the target wrote most in the training sequences. `init_drafter`: start from
     the weights of a drafter GGUF of this target (e.g. one trained on a GPU) instead of the target's layers."""
     from .target_weights import embedding_and_head, layer_init  # noqa: PLC0415
-    info = read_target(target)
-    config = drafter_config(info, data.taps, settings.n_layers, settings.block_size)
+    config = drafter_config(target, data.taps, settings.n_layers, settings.block_size)
     embed, head = embedding_and_head(target)
     vocab = None
     if draft_vocab:
         from ..convert import draft_vocab as dv  # noqa: PLC0415
-        from ..textgen.token_counts import eog_tokens  # noqa: PLC0415
         counts = np.bincount(data.written_tokens(data.split()[0]), minlength=embed.shape[0])
-        vocab = dv.build(target, counts, draft_vocab, eog_tokens(target))
+        vocab = dv.build(target, counts, draft_vocab, target.eog_ids)
     init = layer_init(target, max(data.taps), settings.n_layers) if settings.init_from_target else None
     trainer = Trainer(data, config, embed, head, settings, init,
                       draft_vocab=vocab.token_ids if vocab is not None else None)
-    trainer.arch = info.arch
+    trainer.arch = target.arch
     if init_drafter is not None:
         from ..convert.sources import read_source  # noqa: PLC0415
-        src = read_source(str(init_drafter), info)
+        src = read_source(str(init_drafter), target)
         trainer.load_weights(src.tensors, str(init_drafter))
         trainer.init_record = init_record(init_drafter, src.train_metadata)
     return trainer, vocab
@@ -115,16 +113,15 @@ def training_record(trainer: Trainer, result) -> dict:
             "val_slot_accept": result.slot_accept, "markov_rank": trainer.config.markov_rank}
 
 
-def drafter_name(target: Path, family: str) -> str:
+def drafter_name(target: TargetFile, family: str) -> str:
     """general.name of a trained drafter: its target's own name, if the target has one. llama.cpp's vocabulary
     loader sets token attributes by model name (e.g. names with "phi3"), so the drafter's name never makes it
     treat the shared vocabulary otherwise than the target's."""
-    from ..convert.target_info import read_gguf  # noqa: PLC0415
-    field = read_gguf(target, "target GGUF").fields.get("general.name")
-    return f"{field.contents()} {family} drafter" if field is not None else f"{family} drafter"
+    name = target.header.value("general.name")
+    return f"{name} {family} drafter" if name is not None else f"{family} drafter"
 
 
-def export(trainer: Trainer, target: Path, out: Path, record: dict, vocab=None, *, outtype: str = "q8_0",
+def export(trainer: Trainer, target: TargetFile, out: Path, record: dict, vocab=None, *, outtype: str = "q8_0",
            force: bool = True) -> None:
     """The drafter as a validated `dflash` GGUF, with the training record in its dflash_gguf.train.* keys."""
     from ..convert.writer import write_dflash_gguf  # noqa: PLC0415
@@ -135,7 +132,7 @@ def export(trainer: Trainer, target: Path, out: Path, record: dict, vocab=None, 
                       source="trained drafter", draft_vocab=vocab)
 
 
-def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, *, taps: list[int],
+def train_drafter(target: TargetFile, out: Path, prompts: list[dict], work_dir: Path, *, taps: list[int],
                   harvest_settings: HarvestSettings, train_settings: TrainSettings, max_tokens: int | None,
                   outtype: str = "q8_0", resume: bool = False, force: bool = False, data_note: str = "",
                   progress: bool = True, draft_vocab: int | None = None, data_dir: Path | None = None,
@@ -150,9 +147,9 @@ def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, 
 
     if out.exists() and not force:
         raise UserError(f"{out} exists; pass --force to overwrite it")
-    target_sha = file_sha256(target)
+    target_sha = target.sha256
     data_dir = data_dir or work_dir / "data"
-    print(f"harvesting training data from {target.name} into {data_dir}", file=sys.stderr)
+    print(f"harvesting training data from {target.path.name} into {data_dir}", file=sys.stderr)
     from .harvest_shards import harvest_in_processes  # noqa: PLC0415
     before = FeatureDataset(data_dir).n_rows() if (data_dir / "index.jsonl").exists() else 0
     writer = harvest_in_processes(target, prompts, data_dir, harvest_settings, harvest_settings.processes,
@@ -168,6 +165,7 @@ def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, 
     if data.taps != taps:
         raise UserError(f"{data_dir} was harvested for taps {data.taps}, not {taps}; use another --data-dir")
     trainer, vocab = build_trainer(target, data, train_settings, draft_vocab, init_drafter)
+    target.release_model()               # training wants its memory; the export's load check loads it again
     ckpt_dir = work_dir / "checkpoint"
     if resume and (ckpt_dir / "ckpt.pt").exists():
         trainer.resume(ckpt_dir)
@@ -180,7 +178,7 @@ def train_drafter(target: Path, out: Path, prompts: list[dict], work_dir: Path, 
             on_snapshot(trainer, vocab, val)
     result = trainer.train(ckpt_dir, progress=progress)
     train_ids, val_ids = data.split()
-    record = {"target": target.name, "target_sha256": target_sha, "taps": taps,
+    record = {"target": target.path.name, "target_sha256": target_sha, "taps": taps,
               "train_settings": asdict(train_settings),
               "harvest_settings": asdict(harvest_settings) | {"chat_template": chat_template_source},
               "dataset": data_dir.name, "sequences": len(data.index), "train_sequences": len(train_ids),

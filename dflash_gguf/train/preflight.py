@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
+from ..target_file import TargetFile
 from . import features as fx
 
 PROBE_PROMPTS = 2             # per category: enough for the range of the hidden states (their outliers sit
@@ -35,7 +36,7 @@ class Preflight:
                 f"{self.feature_dtype}; the harvest needs ~{self.bytes_needed / 2**30:.1f} GiB of disk")
 
 
-def check_shape(target, taps: list[int], n_layers: int, block_size: int, draft_vocab: int | None) -> None:
+def check_shape(target: TargetFile, taps: list[int], n_layers: int, block_size: int, draft_vocab: int | None) -> None:
     """The drafter this run would export is a valid one for this target."""
     from ..convert.checks import fit_problems  # noqa: PLC0415
     from .pipeline import drafter_config  # noqa: PLC0415
@@ -53,23 +54,17 @@ def check_shape(target, taps: list[int], n_layers: int, block_size: int, draft_v
         raise UserError(f"--draft-vocab {draft_vocab}: choose 2..{target.n_vocab} (the target's vocabulary)")
 
 
-def run_checks(target_path: Path, target, prompts: list[dict], taps: list[int], *, n_layers: int, block_size: int,
+def run_checks(target: TargetFile, prompts: list[dict], taps: list[int], *, n_layers: int, block_size: int,
                draft_vocab: int | None, chat_template: str | None, data_dir: Path, max_tokens: int | None,
                top_k_probs: int, n_threads: int = 0, n_gpu_layers: int = 0) -> Preflight:
-    from ..native.wrappers import Batch, Context, ContextSettings, Model  # noqa: PLC0415
     from ..textgen.chat import model_template  # noqa: PLC0415
     from ..textgen.prompting import format_prompt, is_completion  # noqa: PLC0415
     check_shape(target, taps, n_layers, block_size, draft_vocab)
-    model = Model(target_path, n_gpu_layers=n_gpu_layers)
-    try:
-        chats = [r for r in prompts if not is_completion(r)]
-        template = model_template(model, chat_template) if chats else None
-        probe = _probe_rows(prompts)
-        max_abs = _tap_range(model, [format_prompt(model, r, template.text if template else None)[:PROBE_TOKENS]
-                                     for r in probe], taps, target_path, n_threads,
-                             (Batch, Context, ContextSettings))
-    finally:
-        model.close()
+    model = target.model(n_gpu_layers)
+    chats = [r for r in prompts if not is_completion(r)]
+    template = model_template(model, chat_template) if chats else None
+    max_abs = _tap_range(model, [format_prompt(model, r, template.text if template else None)[:PROBE_TOKENS]
+                                 for r in _probe_rows(prompts)], taps, target.path, n_threads)
     dtype = fx.choose_dtype(max(max_abs))
     tokens = max_tokens or 400 * len(prompts)
     per_token = fx.BYTES[dtype] * len(taps) * target.n_embd + 4 + top_k_probs * 6
@@ -107,12 +102,11 @@ def _probe_rows(prompts: list[dict]) -> list[dict]:
     return [r for rows in per_cat.values() for r in rows]
 
 
-def _tap_range(model, seqs: list[list[int]], taps: list[int], target_path: Path, n_threads: int, native) -> list[float]:
+def _tap_range(model, seqs: list[list[int]], taps: list[int], target_path: Path, n_threads: int) -> list[float]:
     """Largest |value| of each tap over the probe sequences; refuses taps llama.cpp cannot give and non-finite
     hidden states."""
-    from ..native.wrappers import DecodeError, TapError  # noqa: PLC0415
+    from ..native.wrappers import Batch, Context, ContextSettings, DecodeError, TapError  # noqa: PLC0415
     from ..textgen.greedy import prefill_features  # noqa: PLC0415
-    Batch, Context, ContextSettings = native
     ctx = Context(model, ContextSettings(n_ctx=PROBE_TOKENS + 16, n_batch=PROBE_TOKENS, n_ubatch=PROBE_TOKENS,
                                          n_threads=n_threads))
     batch = Batch(model.native, PROBE_TOKENS)

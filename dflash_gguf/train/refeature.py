@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..target_file import TargetFile
 from .harvest import DatasetWriter
 
 
@@ -29,10 +30,10 @@ def export_tokens(data_dir: Path, out: Path) -> Path:
     return out
 
 
-def import_tokens(npz: Path, target: Path, out_dir: Path, n_threads: int = 0, n_gpu_layers: int = 0,
+def import_tokens(npz: Path, target: TargetFile, out_dir: Path, n_threads: int = 0, n_gpu_layers: int = 0,
                   feature_dtype: str = "float16") -> DatasetWriter:
     """Rebuild a full dataset (features by prefill, no top-k) from export_tokens' file; resumable."""
-    from ..native.wrappers import Batch, Context, ContextSettings, Model  # noqa: PLC0415
+    from ..native.wrappers import Batch, Context, ContextSettings  # noqa: PLC0415
     from ..textgen.greedy import prefill_features  # noqa: PLC0415
     z = np.load(npz)
     tokens = z["tokens"].astype(np.int32)
@@ -41,7 +42,7 @@ def import_tokens(npz: Path, target: Path, out_dir: Path, n_threads: int = 0, n_
                                           "features": "recomputed by a batched prefill",
                                           "feature_dtype": feature_dtype}
     writer = DatasetWriter(out_dir, meta)
-    model = Model(target, n_gpu_layers=n_gpu_layers)
+    model = target.model(n_gpu_layers)
     longest = max((r["length"] for r in rows), default=1)
     ctx = Context(model, ContextSettings(n_ctx=max(512, longest), n_batch=512, n_ubatch=512, n_threads=n_threads))
     batch = Batch(model.native, 512)
@@ -57,7 +58,7 @@ def import_tokens(npz: Path, target: Path, out_dir: Path, n_threads: int = 0, n_
             writer.add(seq, r.get("spans") or [[r["response_start"], r["length"]]], r, prompt_index=pi,
                        sampled=bool(r.get("sampled")), feats=feats)
     finally:
-        for obj in (batch, ctx, model):
-            obj.close()
+        batch.close()
+        ctx.close()
     writer.seconds = time.time() - t0
     return writer

@@ -3,33 +3,25 @@ and optionally its last layers as the drafter's starting point."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from ..convert.names import LAYER_NAMES
+from ..target_file import TargetFile
 
 
-
-def _reader(path: Path):
-    from ..convert.target_info import read_gguf  # noqa: PLC0415
-    return read_gguf(path, "target GGUF")
-
-
-def _tensor(reader, name: str) -> np.ndarray | None:
+def _tensor(target: TargetFile, name: str) -> np.ndarray | None:
     import gguf  # noqa: PLC0415
-    for t in reader.tensors:
-        if t.name == name:
-            arr = gguf.quants.dequantize(t.data, t.tensor_type)
-            return np.asarray(arr, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
-    return None
+    t = target.tensors.get(name)
+    if t is None:
+        return None
+    arr = gguf.quants.dequantize(t.data, t.tensor_type)
+    return np.asarray(arr, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
 
 
-def embedding_and_head(target: Path) -> tuple[np.ndarray, np.ndarray]:
+def embedding_and_head(target: TargetFile) -> tuple[np.ndarray, np.ndarray]:
     """[V, H] token embedding and [V, H] LM head (the embedding itself for tied models)."""
-    r = _reader(target)
-    embed = _tensor(r, "token_embd.weight")
-    head = _tensor(r, "output.weight")
+    embed = _tensor(target, "token_embd.weight")
+    head = _tensor(target, "output.weight")
     return embed, embed if head is None else head
 
 
@@ -38,40 +30,37 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def layer_init(target: Path, first_layer: int, n_layers: int) -> dict[str, np.ndarray]:
+def layer_init(target: TargetFile, first_layer: int, n_layers: int) -> dict[str, np.ndarray]:
     """z-lab-named tensors for draft layers 0..n_layers-1 copied from target layers first_layer.. ."""
-    from ..convert.target_info import read_target  # noqa: PLC0415
     from .target_arch import traits  # noqa: PLC0415
-    r, t = _reader(target), read_target(target)
-    n_head, n_head_kv, n_layer = t.n_head, t.n_head_kv, t.n_layer
+    t = target
     arch = traits(t.arch, t.n_embd)
     out = {}
     for i in range(n_layers):
-        src = min(first_layer + i, n_layer - 1)
-        found = {gguf_suffix: _tensor(r, f"blk.{src}.{gguf_suffix}") for gguf_suffix in LAYER_NAMES.values()}
-        found |= _split_fused(r, src, arch, t)
+        src = min(first_layer + i, t.n_layer - 1)
+        found = {gguf_suffix: _tensor(t, f"blk.{src}.{gguf_suffix}") for gguf_suffix in LAYER_NAMES.values()}
+        found |= _split_fused(t, src, arch)
         for hf_suffix, gguf_suffix in LAYER_NAMES.items():
             arr = found.get(gguf_suffix)
             if arr is None:
                 continue
             if arch.permuted_qk and gguf_suffix in ("attn_q.weight", "attn_k.weight"):
-                arr = _unpermute(arr, n_head if gguf_suffix == "attn_q.weight" else n_head_kv)
+                arr = _unpermute(arr, t.n_head if gguf_suffix == "attn_q.weight" else t.n_head_kv)
             out[f"layers.{i}.{hf_suffix}"] = arr
-    norm = _tensor(r, "output_norm.weight")
+    norm = _tensor(t, "output_norm.weight")
     if norm is not None:
         out["norm.weight"] = norm
     return out
 
 
-
-def _split_fused(r, layer: int, arch, t) -> dict[str, np.ndarray]:
+def _split_fused(t: TargetFile, layer: int, arch) -> dict[str, np.ndarray]:
     """q/k/v and gate/up of targets that store them fused (phi3), under the unfused GGUF names."""
     out = {}
-    qkv = _tensor(r, f"blk.{layer}.attn_qkv.weight") if arch.fused_qkv else None
+    qkv = _tensor(t, f"blk.{layer}.attn_qkv.weight") if arch.fused_qkv else None
     if qkv is not None:
         q, kv = t.n_head * t.head_dim, t.n_head_kv * t.head_dim
         out |= {"attn_q.weight": qkv[:q], "attn_k.weight": qkv[q:q + kv], "attn_v.weight": qkv[q + kv:q + 2 * kv]}
-    up = _tensor(r, f"blk.{layer}.ffn_up.weight") if arch.fused_gate_up else None
+    up = _tensor(t, f"blk.{layer}.ffn_up.weight") if arch.fused_gate_up else None
     if up is not None and up.shape[0] == 2 * t.n_ff:
         out |= {"ffn_gate.weight": up[:t.n_ff], "ffn_up.weight": up[t.n_ff:]}
     return out

@@ -22,8 +22,8 @@ def write_random_drafter(target: Path, out: Path, *, taps: list[int], n_layers: 
     """A random-weight `dflash` GGUF fitting `target` (tokenizer copied from it), F32."""
     import gguf
 
-    from dflash_gguf.convert.target_info import read_target
-    info = read_target(target)
+    from dflash_gguf.target_file import TargetFile
+    info = TargetFile.open(target)
     n_embd = info.n_embd
     w = gguf.GGUFWriter(str(out), "dflash")
     add_decoder_hparams(w, n_layer=n_layers, n_ctx=4096, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,

@@ -85,9 +85,9 @@ def shipped_family_drafter(member: str, target: Path, out: Path, *, outtype: str
     identity convolutions (base tap 0 = 1, projection 0) and a small random selector (top-k 16); DSpark with
     a small random Markov head and a confidence head. Full vocabulary (the target's head via ctx_other)."""
     from dflash_gguf.convert.flavours import detect_flavour, normalize_gguf
-    from dflash_gguf.convert.target_info import read_target
+    from dflash_gguf.target_file import TargetFile
     from dflash_gguf.convert.writer import write_dflash_gguf
-    tinfo = read_target(target)
+    tinfo = TargetFile.open(target)
     src = normalize_gguf(SHIPPED, detect_flavour(SHIPPED), tinfo)
     c, t = src.config, dict(src.tensors)
     c.vocab_size = tinfo.n_vocab

@@ -26,6 +26,7 @@ from lab import smollm2_recipe as recipe  # noqa: E402
 from dflash_gguf.train.pipeline import (build_trainer, export, file_sha256, prompts_sha256,  # noqa: E402
                                         training_record)
 from dflash_gguf.corpus.prompts import load  # noqa: E402
+from dflash_gguf.target_file import TargetFile  # noqa: E402
 from dflash_gguf.train.refeature import export_tokens  # noqa: E402
 from lab.torch_target import load_pretokenized, torch_harvest  # noqa: E402
 from dflash_gguf.train.trainer import TrainSettings  # noqa: E402
@@ -74,7 +75,9 @@ settings = TrainSettings(n_layers=recipe.N_LAYERS, block_size=recipe.BLOCK_SIZE,
                          anchors_per_seq=96, seqs_per_step=16, seed=recipe.SEED, device=a.device,
                          schedule_seconds=a.train_seconds, eval_every=400, eval_seqs=64, ckpt_minutes=2.0,
                          distill=0.0, tv=a.tv, cut_at_first_error=not a.no_cut)
-trainer, vocab = build_trainer(a.target, data, settings, draft_vocab=recipe.DRAFT_VOCAB)
+target = TargetFile.open(a.target)
+trainer, vocab = build_trainer(target, data, settings, draft_vocab=recipe.DRAFT_VOCAB)
+target.release_model()
 ckpt = a.state / "checkpoint"
 if (ckpt / "ckpt.pt").exists():
     trainer.resume(ckpt)
@@ -87,7 +90,8 @@ record = {"target": a.target.name, **training_record(trainer, result),
           "harvest_this_call": {"seconds": round(harvest_s, 1), "response_tokens": w.n_response_written,
                                 "response_tok_s": round(w.n_response_written / max(harvest_s, 1e-9), 1)},
           "device": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu"}
-export(trainer, a.target, a.out / "smollm2-dflash-gpu.gguf", record, vocab)
+export(trainer, target, a.out / "smollm2-dflash-gpu.gguf", record, vocab)
+target.close()
 export_tokens(data_dir, a.out / "gpu-harvest-tokens.npz")
 (a.out / "train-job.json").write_text(json.dumps(record, indent=2))
 print(json.dumps(record, indent=2))
