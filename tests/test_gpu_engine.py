@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import replace
 
 import numpy as np
 import pytest

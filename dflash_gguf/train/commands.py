@@ -24,7 +24,8 @@ def register(app: typer.Typer) -> None:
                                              "(the harvest stops there; 0: every prompt)"),
         harvest_minutes: Optional[float] = typer.Option(None, "--harvest-minutes",
                                                         help="stop harvesting after this long (resumable)"),
-        parallel: int = typer.Option(8, "--parallel", help="sequences generated together while harvesting"),
+        parallel: str = typer.Option("8", "--parallel", help="sequences generated together while harvesting; "
+                                     "auto: time 4, 8, 16 and 32 on the run's prompts first (~1 min), keep the fastest"),
         harvest_processes: int = typer.Option(1, "--harvest-processes", help="harvest in N processes side by "
                                               "side (with -t 1: faster than one N-threaded one on a busy CPU)"),
         rows: Optional[int] = typer.Option(None, "--rows", help="labelled block rows to train on (the schedule "

@@ -38,6 +38,8 @@ def validate(o: SimpleNamespace) -> SimpleNamespace:
          "choose 0 (no Markov head) or a rank of at least 1 (e.g. 64; a multiple of 32 keeps W1 in Q8_0)"),
         (o.markov_rank or not o.confidence_head, "--confidence-head", None,
          "it reads the Markov head's W1: add --markov-rank R (e.g. 64)"),
+        (o.parallel == "auto" or (o.parallel.isdigit() and int(o.parallel) >= 1), "--parallel", o.parallel,
+         "a number of sequences >= 1, or auto"),
         (o.harvest_processes >= 1, "--harvest-processes", o.harvest_processes, "must be >= 1"),
         (o.device in DEVICES, "--device", o.device, f"use {' or '.join(DEVICES)}"),
         (o.precision in PRECISIONS, "--precision", o.precision, "use auto, fp32 or bf16"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -151,7 +151,10 @@ def train_drafter(target: TargetFile, out: Path, prompts: list[dict], work_dir: 
     data_dir = data_dir or work_dir / "data"
     print(f"harvesting training data from {target.path.name} into {data_dir}", file=sys.stderr)
     from .harvest_shards import harvest_in_processes  # noqa: PLC0415
+    from .parallel_probe import AUTO, best_parallel  # noqa: PLC0415
     before = FeatureDataset(data_dir).n_rows() if (data_dir / "index.jsonl").exists() else 0
+    if harvest_settings.n_parallel == AUTO:
+        harvest_settings = replace(harvest_settings, n_parallel=best_parallel(target, prompts, harvest_settings))
     writer = harvest_in_processes(target, prompts, data_dir, harvest_settings, harvest_settings.processes,
                                   max_tokens=max_tokens, max_seconds=harvest_seconds,
             meta_extra={"target_sha256": target_sha, "prompts_sha256": prompts_sha256(prompts),

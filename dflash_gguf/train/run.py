@@ -19,6 +19,7 @@ def run(o: SimpleNamespace) -> tuple[dict, Path]:
     from ..target_file import TargetFile
     from ..textgen.chat import read_choice
     from .harvest import HarvestSettings
+    from .parallel_probe import AUTO
     from .pipeline import dataset_dir, parse_taps, prompts_sha256, train_drafter
     from .preflight import dataset_feature_dtype, run_checks
     from .trainer import TrainSettings
@@ -56,7 +57,7 @@ def run(o: SimpleNamespace) -> tuple[dict, Path]:
                                  max_seconds=o.max_minutes * 60 if o.max_minutes else None,
                                  schedule_seconds=o.schedule_minutes * 60 if o.schedule_minutes else None,
                                  loss_vocab_extra=None if o.loss_vocab_extra < 0 else o.loss_vocab_extra)
-        harvest_settings = HarvestSettings(taps=tap_ids, seed=o.seed, n_threads=o.threads, n_parallel=o.parallel,
+        harvest_settings = HarvestSettings(taps=tap_ids, seed=o.seed, n_threads=o.threads, n_parallel=AUTO if o.parallel == "auto" else int(o.parallel),
                                            processes=o.harvest_processes, n_gpu_layers=o.n_gpu_layers,
                                            top_k_probs=top_k_probs, feature_dtype=feature_dtype,
                                            chat_template=checked.template.text if checked.template else None)
