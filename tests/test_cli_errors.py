@@ -165,6 +165,20 @@ def test_a_drafter_for_another_target_is_refused_before_loading(tmp_path, capsys
     assert "out of range for a target with 2 layers" in line and "dflash-gguf train" in line
 
 
+def test_an_engine_built_directly_refuses_a_misfit_before_loading(tmp_path):
+    """Servers and libraries build the Engine without the CLI: it runs the same header check (no second one)."""
+    from dflash_gguf.engine.session import Engine
+    from dflash_gguf.gguf_check import BadModelFile
+    from dflash_gguf.settings import EngineSettings
+    from helpers.engine import write_tiny_llama
+    other = write_tiny_llama(tmp_path / "other.gguf", n_vocab=64, n_embd=96, n_layer=2, n_head=4)
+    with pytest.raises(BadModelFile) as refused:
+        Engine(EngineSettings(target=other, drafter=DRAFTER, n_ctx=256))
+    said = str(refused.value)
+    assert said.startswith(f"{DRAFTER}: does not fit target other.gguf: hidden size 576 != target hidden size 96")
+    assert "out of range for a target with 2 layers" in said and "dflash-gguf train -m" in said
+
+
 @pytest.mark.parametrize("flag, value", [("--short-blocks", "1.5"), ("--distill", "-0.1"), ("--tv", "1.2")])
 def test_out_of_range_training_shares_are_refused_in_one_line(tmp_path, capsys, flag, value):
     code, line = _fails(capsys, ["train", "-m", str(smollm2_q4_1()), "-o", str(tmp_path / "d.gguf"), flag, value])

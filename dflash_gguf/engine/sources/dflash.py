@@ -6,31 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import UserError
-from ...gguf_check import DRAFTER_ARCH, FOREIGN_DRAFTER_ARCHS, fit_problems
 from ...gguf_family import DFLASH
 from ...native.wrappers import Batch, Context, ContextSettings, Model
 from .base import DraftSource, Proposal
-
-
-class DrafterMismatch(UserError):
-    """The drafter does not fit the target."""
-
-
-def check_drafter_fits(drafter: Model, target: Model) -> None:
-    """The checks that make a drafter usable with a target; each error says what to fix."""
-    name = drafter.path.name
-    if drafter.arch != DRAFTER_ARCH:
-        hint = (f"convert it first with `dflash-gguf convert {drafter.path} --target {target.path} -o draft.gguf`"
-                if drafter.arch in FOREIGN_DRAFTER_ARCHS else "pass a DFlash drafter with -md")
-        raise DrafterMismatch(f"{name}: architecture is '{drafter.arch}', not '{DRAFTER_ARCH}'; {hint}")
-    taps = drafter.target_layer_ids()
-    problems = fit_problems(drafter.n_embd, taps, drafter.mask_token(), None, target.n_embd, target.n_layer,
-                            target.n_vocab)
-    if not taps:
-        problems.insert(0, "no target layers")
-    if problems:
-        raise DrafterMismatch(f"{name}: does not fit target {target.path.name}: " + "; ".join(problems)
-                              + "; this drafter was trained for another target")
 
 
 class DFlashSource(DraftSource):
@@ -42,7 +20,6 @@ class DFlashSource(DraftSource):
                  *, window: int | None = None):
         """window: keep only the context K/V of the latest `window - block_size` positions (a sliding
         window over the context; positions stay absolute), bounding the drafter's KV memory."""
-        check_drafter_fits(model, target_model)
         self.model = model
         self.taps = model.target_layer_ids()
         self.block_size = model.block_size() or 16
