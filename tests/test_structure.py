@@ -30,7 +30,7 @@ def _imported_names(path: Path, name: str) -> set[str]:
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("dflash_gguf."):
-            found.add(node.value)       # importlib.import_module("dflash_gguf.x"): how the CLI registers commands
+            found.add(f"{node.value}:")  # importlib.import_module("dflash_gguf.x"), how the CLI registers commands
     return found
 
 
@@ -40,6 +40,9 @@ def import_graph() -> dict[str, set[str]]:
     for name, path in files.items():
         targets = set()
         for imported in _imported_names(path, name):
+            if imported.endswith(":"):      # a string names a module only as a whole (not "dflash_gguf.train.x" keys)
+                targets.update({imported[:-1]} & set(files))
+                continue
             parts = imported.split(".")
             known = [".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in files]
             targets.update(known[:1])       # the module itself, not the packages Python passes on the way
@@ -71,6 +74,23 @@ def test_no_import_cycles():
     cycles = sorted({tuple(sorted(n for n in reach[a] if a in reach[n])) for a in graph
                      if any(a in reach[b] for b in graph[a])})
     assert not cycles, f"modules that import each other (directly or through others): {cycles}"
+
+
+COMMAND_AREAS = {"cli", "server", "bench", "train", "convert"}
+
+
+def _area(name: str) -> str:
+    return name.split(".")[1] if "." in name else ""
+
+
+def test_data_flows_from_the_commands_down_to_native():
+    """cli -> engine -> native: nothing imports the CLI, the engine and the layers below it import no command,
+    and native only errors and paths."""
+    graph = import_graph()
+    upward = sorted((a, b) for a in graph for b in graph[a] if _area(b) == "cli" and _area(a) != "cli"
+                    or _area(a) not in COMMAND_AREAS and _area(b) in COMMAND_AREAS
+                    or _area(a) == "native" and _area(b) not in {"native", "errors", "paths", ""})
+    assert not upward, f"imports that run back up a layer: {upward}"
 
 
 def test_the_checks_see_imports():
