@@ -1,5 +1,6 @@
-"""The verify-cost curve is cached per CPU kernel variant: DFLASH_CPU_ISA=avx2 on an AVX-512 machine times other
-kernels, and a curve measured with one must not steer the policy of the other."""
+"""The verify-cost curve is cached per CPU kernel variant and per build: DFLASH_CPU_ISA=avx2 on an AVX-512 machine
+times other kernels, and so does a new build of the kernels (its key names the patches and kernels); a curve measured
+with one must not steer the policy of another."""
 
 import json
 
@@ -26,3 +27,4 @@ def test_cost_curves_are_cached_per_cpu_kernel_variant(monkeypatch, tmp_path):
     assert len(keys) == len(variants)
     for isa in variants:
         assert sum(f"|cpu-{isa}|" in k for k in keys) == 1, keys
+    assert all(f"|{load().lib_dir.name}|" in k for k in keys), keys   # fails when the build is left out of the key

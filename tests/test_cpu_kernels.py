@@ -1,9 +1,10 @@
 """Our CPU kernels (ggml-kernels/cpu, wired in by patches/0003) against references, through ggml itself.
 
 Every product runs as a ggml MUL_MAT in `ggml_graph_compute`, i.e. through the dispatch a model's
-decode uses. Random Q4_1, Q8_0, F16 and F32 weights times random activations of B = 1..16 columns
-and one wide batch, for shapes whose rows are not a multiple of the tiles and K = 32, 576, 1536, on
-every instruction-set variant this CPU runs (an AVX-512 machine runs the AVX2 variant too):
+decode uses. Random Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, F16 and F32 weights (quantized by ggml) times
+random activations of B = 1..16 columns and one wide batch, for shapes whose rows are not a multiple of the
+tiles and K from 32 to 1536, on every instruction-set variant this CPU runs (an AVX-512 machine runs the AVX2
+variant too):
 - against float64 products of the dequantized weights: normalized MSE within test-backend-ops' 5e-4
   (what remains is the 8-bit rounding of the activations, ~3e-5);
 - against ggml's stock path (`use_ref`: vec_dot / tinyBLAS): the same integer arithmetic for the
@@ -11,10 +12,16 @@ every instruction-set variant this CPU runs (an AVX-512 machine runs the AVX2 va
   by ggml, not by us (~1e-7); a wrong row, column or block would not be that close;
 - batch invariance, bit for bit: column j of a B-column product equals the product of that column
   alone, for every B; and every variant gives the same bits (integer sums are exact, the float steps
-  are the same __m256 operations on both).
+  are the same __m256 operations on both), the bits recorded on an AVX-512 machine included, so an AVX2-only
+  machine checks its variant against the other one too (fails when a variant's float steps change).
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,10 +33,38 @@ from lab.matmul_probe import MatmulProbe
 
 BATCHES = list(range(1, 17)) + [40]     # 40: wider than one pass on AVX2 and on AVX-512
 NMSE_VS_F32 = 5e-4                      # test-backend-ops' MUL_MAT tolerance
-NMSE_VS_STOCK = {"q4_1": 1e-9, "q8_0": 1e-9, "f16": 1e-5, "f32": 1e-9}
-TYPES = ["q4_1", "q8_0", "f16", "f32"]
-SHAPES = [(100, 576, 2), (37, 1536, 2), (13, 32, 1), (576, 576, 1), (11, 44, 2)]   # (n_rows, k, threads)
-CASES = [(t, *shape) for t in TYPES for shape in SHAPES if t in ("f16", "f32") or shape[1] % 32 == 0]
+QUANTIZED = ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k"]
+TYPES = QUANTIZED + ["f16", "f32"]
+NMSE_VS_STOCK = {t: 1e-9 for t in QUANTIZED} | {"f16": 1e-5, "f32": 1e-9}
+BLOCK = {"q4_k": 256, "q5_k": 256, "q6_k": 256, "f16": 1, "f32": 1}      # weights per block (32 for the rest)
+# (n_rows, k, threads): rows not a multiple of the 8-row tiles, one and several blocks per row
+SHAPES = [(100, 576, 2), (37, 1536, 2), (13, 32, 1), (576, 576, 1), (11, 44, 2), (21, 512, 2), (9, 256, 1)]
+CASES = [(t, *shape) for t in TYPES for shape in SHAPES if shape[1] % BLOCK.get(t, 32) == 0]
+
+
+# The bits every variant must produce, recorded on an AVX-512 machine (tests/data/cpu_kernel_bits.json): an
+# AVX2-only machine cannot run the AVX-512 variant, so without them its cross-variant check would compare AVX2
+# with itself. Record anew after a deliberate change of a kernel's float steps:
+#   DFLASH_RECORD_KERNEL_BITS=1 .venv/bin/python -m pytest tests/test_cpu_kernels.py -k references
+RECORDED_BITS = Path(__file__).parent / "data" / "cpu_kernel_bits.json"
+
+
+def _digest(out: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(out, dtype=np.float32).view(np.uint32).tobytes()).hexdigest()[:16]
+
+
+def _check_recorded_bits(case: str, by_isa: dict[str, dict[int, np.ndarray]]) -> None:
+    digests = {isa: {str(n): _digest(out) for n, out in ours.items()} for isa, ours in by_isa.items()}
+    if os.environ.get("DFLASH_RECORD_KERNEL_BITS"):
+        assert "avx512" in digests, "record the bits on an AVX-512 machine (it runs both variants)"
+        recorded = json.loads(RECORDED_BITS.read_text()) if RECORDED_BITS.exists() else {}
+        recorded[case] = digests["avx512"]
+        RECORDED_BITS.parent.mkdir(exist_ok=True)
+        RECORDED_BITS.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
+    recorded = json.loads(RECORDED_BITS.read_text()).get(case)
+    assert recorded is not None, f"{case}: no recorded bits in {RECORDED_BITS.name} (see RECORDED_BITS)"
+    for isa, d in digests.items():
+        assert d == recorded, f"{case}: the {isa} variant's bits differ from those recorded on AVX-512"
 
 
 def nmse(out: np.ndarray, ref: np.ndarray) -> float:
@@ -49,8 +84,8 @@ def kernels(native):
     k.set_isa(chosen)
 
 
-def _weights(weight_type: str, n_rows: int, k: int, rng) -> tuple[np.ndarray, np.ndarray]:
-    """(raw rows in ggml's layout, dequantized float64 [n_rows, k])"""
+def _weights(probe: MatmulProbe, weight_type: str, n_rows: int, k: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """(raw rows in ggml's layout, quantized by ggml; dequantized float64 [n_rows, k])"""
     w = rng.standard_normal((n_rows, k), dtype=np.float32)
     w[:, : k // 2] += 0.5                           # blocks with a clearly non-zero min (Q4_1)
     if weight_type == "f32":
@@ -58,9 +93,8 @@ def _weights(weight_type: str, n_rows: int, k: int, rng) -> tuple[np.ndarray, np
     if weight_type == "f16":
         h = w.astype(np.float16)
         return h.view(np.uint8).reshape(n_rows, -1), h.astype(np.float64)
-    gt = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0}[weight_type]
-    raw = quants.quantize(w, gt)
-    return raw, quants.dequantize(raw, gt).astype(np.float64)
+    raw = probe.quantize(w)
+    return raw, quants.dequantize(raw, GGMLQuantizationType[weight_type.upper()]).astype(np.float64)
 
 
 def test_the_best_runnable_variant_is_chosen(kernels):
@@ -76,8 +110,8 @@ def test_the_best_runnable_variant_is_chosen(kernels):
 def test_matmul_matches_references_and_is_batch_invariant(native, kernels, weight_type, n_rows, k, n_threads):
     chosen = kernels.isa
     rng = np.random.default_rng(n_rows * 7919 + k)
-    raw, w_deq = _weights(weight_type, n_rows, k, rng)
     probe = MatmulProbe(native, weight_type, [(n_rows, k)], BATCHES)
+    raw, w_deq = _weights(probe, weight_type, n_rows, k, rng)
     probe.set_weights(0, raw)
     x = {n: rng.standard_normal((n, k), dtype=np.float32) for n in BATCHES}
     by_isa = {}
@@ -107,6 +141,7 @@ def test_matmul_matches_references_and_is_batch_invariant(native, kernels, weigh
     for isa, ours in by_isa.items():
         for n in BATCHES:
             assert np.array_equal(ours[n].view(np.uint32), first[n].view(np.uint32)), f"{isa} differs, B={n}"
+    _check_recorded_bits(f"{weight_type}-{n_rows}-{k}", by_isa)
     probe.close()
 
 
@@ -114,15 +149,16 @@ def test_matmul_matches_references_and_is_batch_invariant(native, kernels, weigh
 def test_isa_none_is_ggmls_own_path(native, kernels, weight_type):
     """With our kernels switched off the dispatch steps aside completely: bit-identical to use_ref."""
     rng = np.random.default_rng(5)
-    raw, _ = _weights(weight_type, 40, 64, rng)
-    probe = MatmulProbe(native, weight_type, [(40, 64)], [1, 5])
+    k = max(64, BLOCK.get(weight_type, 32))
+    probe = MatmulProbe(native, weight_type, [(40, k)], [1, 5])
+    raw, _ = _weights(probe, weight_type, 40, k, rng)
     probe.set_weights(0, raw)
     chosen = kernels.isa
     assert kernels.set_isa("none")
     assert not kernels.batch_invariant
     try:
         for n in (1, 5):
-            probe.set_activations(rng.standard_normal((n, 64), dtype=np.float32))
+            probe.set_activations(rng.standard_normal((n, k), dtype=np.float32))
             probe.compute(n, 2)
             ours = probe.result(n)
             probe.compute(n, 2, use_ref=True)

@@ -247,6 +247,8 @@ class Engine:
         if backend == "cpu":            # DFLASH_CPU_ISA=avx2 on an AVX-512 machine times other kernels
             from ..native.cpu_kernels import CpuKernels  # noqa: PLC0415
             backend = f"cpu-{CpuKernels(self.target_model.native).isa}"
+        # the build (llama.cpp commit, patches and kernels): new kernels make a new curve
+        backend = f"{backend}|{self.target_model.native.lib_dir.name}"
         key = CostCache.key(self.target_model.path, backend, self.settings.n_threads, self.settings.n_gpu_layers,
                             self.drafter_model.path if self.drafter_model else None)
         curve = cache.get(key)

@@ -111,8 +111,13 @@ extern "C" bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols) {
         return false;
     }
     switch (type) {
+        case GGML_TYPE_Q4_0:
         case GGML_TYPE_Q4_1:
+        case GGML_TYPE_Q5_0:
         case GGML_TYPE_Q8_0:
+        case GGML_TYPE_Q4_K:
+        case GGML_TYPE_Q5_K:
+        case GGML_TYPE_Q6_K:
         case GGML_TYPE_F16:
         case GGML_TYPE_F32:
             return true;
@@ -129,18 +134,23 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
         return false;
     }
 #if DFLASH_CPU_VARIANTS
+#define DFLASH_CPU_GEMM_CASE(TYPE, fn)                                                                           \
+    case TYPE:                                                                                                  \
+        return isa == ISA_AVX512                                                                                \
+                   ? dflash_cpu::avx512::fn(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth) \
+                   : dflash_cpu::avx2::fn(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);
     switch (type) {
-        case GGML_TYPE_Q4_1:
-            return isa == ISA_AVX512
-                       ? dflash_cpu::avx512::gemm_q4_1(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth)
-                       : dflash_cpu::avx2::gemm_q4_1(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);
-        case GGML_TYPE_Q8_0:
-            return isa == ISA_AVX512
-                       ? dflash_cpu::avx512::gemm_q8_0(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth)
-                       : dflash_cpu::avx2::gemm_q8_0(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_0, gemm_q4_0)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_1, gemm_q4_1)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_0, gemm_q5_0)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q8_0, gemm_q8_0)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_K, gemm_q4_k)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_K, gemm_q5_k)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q6_K, gemm_q6_k)
         default:
             return false;
     }
+#undef DFLASH_CPU_GEMM_CASE
 #else
     (void) type; (void) n_rows; (void) n_cols; (void) n_blocks; (void) A; (void) a_row_bytes; (void) B;
     (void) b_row_bytes; (void) C; (void) ldc; (void) ith; (void) nth;

@@ -11,12 +11,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// quantized weights x activations converted to their vec_dot_type (gemm.h: dflash_cpu_gemm)
+#define DFLASH_CPU_QUANT_GEMM(name)                                                                               \
+    bool name(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,             \
+              const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth);
+
 #define DFLASH_CPU_VARIANT_ENTRY_POINTS                                                                        \
-    /* quantized weights x activations converted to their vec_dot_type (gemm.h: dflash_cpu_gemm) */          \
-    bool gemm_q4_1(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,     \
-                   const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth);            \
-    bool gemm_q8_0(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,     \
-                   const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth);            \
+    DFLASH_CPU_QUANT_GEMM(gemm_q4_0)                                                                           \
+    DFLASH_CPU_QUANT_GEMM(gemm_q4_1)                                                                           \
+    DFLASH_CPU_QUANT_GEMM(gemm_q5_0)                                                                           \
+    DFLASH_CPU_QUANT_GEMM(gemm_q8_0)                                                                           \
+    DFLASH_CPU_QUANT_GEMM(gemm_q4_k)                                                                           \
+    DFLASH_CPU_QUANT_GEMM(gemm_q5_k)                                                                           \
+    DFLASH_CPU_QUANT_GEMM(gemm_q6_k)                                                                           \
     /* F16 / F32 weights x F32 activations (gemm.h: dflash_cpu_gemm_f32_act) */                              \
     bool gemm_float(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t k, const void * A,           \
                     size_t a_row_bytes, const float * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, \

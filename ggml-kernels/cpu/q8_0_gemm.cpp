@@ -35,6 +35,10 @@ DFLASH_INLINE __m256i sum_lanes(const __m256i (&v)[TILE_ROWS]) {
 struct Q8_0 {
     using Block = block_q8_0;
     using ActBlock = block_q8_0;
+    using Scale = ColumnScale;
+    using Packed = PackedBlock;
+    static constexpr bool ROW_MAJOR = false;
+    static constexpr int MAX_Q = 255;
     static constexpr bool FLOAT_MIN = false;
 #if DFLASH_CPU_GEMM_VNNI
     static constexpr bool TILED = true;
@@ -44,24 +48,11 @@ struct Q8_0 {
     static constexpr int64_t ROWWISE_MAX = INT64_MAX;
 #endif
 
-    static ColumnScale column_scale(const block_q8_0 & y) {
-        int32_t sum = 0;
-        for (int i = 0; i < QK8_0; ++i) {
-            sum += y.qs[i];
-        }
-        uint16_t d;
-        memcpy(&d, &y, sizeof d);   // the fp16 that opens a block
-        return ColumnScale{_cvtsh_ss(d), 0.0f, 128 * sum};
-    }
+    static ColumnScale column_scale(const block_q8_0 & y) { return q8_0_column_scale(y, 128); }
 
     // d of the 8 rows' blocks, lane r = row r
     static DFLASH_INLINE __m256 row_scales(const block_q8_0 * (&r)[TILE_ROWS]) {
-        uint16_t d[TILE_ROWS];
-        for (int i = 0; i < TILE_ROWS; ++i) {
-            memcpy(&d[i], r[i], sizeof d[i]);
-        }
-        return _mm256_cvtph_ps(_mm_setr_epi16((short) d[0], (short) d[1], (short) d[2], (short) d[3],
-                                              (short) d[4], (short) d[5], (short) d[6], (short) d[7]));
+        return load_lanes_f16(r, 0);
     }
 
     // exact sum(q * p) of the 8 rows' blocks with one activation block p, lane r = row r
@@ -89,32 +80,19 @@ struct Q8_0 {
     }
 
 #if DFLASH_CPU_GEMM_VNNI
+    static DFLASH_INLINE __m256 column(const PackedBlock & w, const int8_t * p, const ColumnScale * c, __m256 acc) {
+        return column_step_32<Q8_0>(w, p, c, acc);
+    }
+
     // Block b of a tile, transposed into lanes (see PackedBlock): an 8x8 transpose of 32-bit groups.
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
         const block_q8_0 * r[TILE_ROWS];
         t.rows(b, r);
-        __m256i x[TILE_ROWS];
-        for (int i = 0; i < TILE_ROWS; ++i) {
-            x[i] = _mm256_loadu_si256((const __m256i *) r[i]->qs);
-        }
-        // pairs of rows interleaved by 32-bit group, then by 64 bits: u[k] (k < 4) holds groups k and
-        // k + 4 of rows 0..3, u[k + 4] the same of rows 4..7
-        __m256i u[TILE_ROWS];
-        for (int h = 0; h < 2; ++h) {
-            const __m256i * y = x + 4 * h;
-            const __m256i t0 = _mm256_unpacklo_epi32(y[0], y[1]);
-            const __m256i t1 = _mm256_unpackhi_epi32(y[0], y[1]);
-            const __m256i t2 = _mm256_unpacklo_epi32(y[2], y[3]);
-            const __m256i t3 = _mm256_unpackhi_epi32(y[2], y[3]);
-            u[4 * h + 0] = _mm256_unpacklo_epi64(t0, t2);
-            u[4 * h + 1] = _mm256_unpackhi_epi64(t0, t2);
-            u[4 * h + 2] = _mm256_unpacklo_epi64(t1, t3);
-            u[4 * h + 3] = _mm256_unpackhi_epi64(t1, t3);
-        }
+        __m256i g[TILE_ROWS];
+        load_transposed(r, offsetof(block_q8_0, qs), g);
         const __m256i flip = _mm256_set1_epi8((char) 0x80);   // q + 128 as unsigned bytes
-        for (int k = 0; k < 4; ++k) {
-            out.q[k]     = _mm256_xor_si256(_mm256_permute2x128_si256(u[k], u[k + 4], 0x20), flip);
-            out.q[k + 4] = _mm256_xor_si256(_mm256_permute2x128_si256(u[k], u[k + 4], 0x31), flip);
+        for (int k = 0; k < TILE_ROWS; ++k) {
+            out.q[k] = _mm256_xor_si256(g[k], flip);
         }
         out.d = row_scales(r);
         out.m = _mm256_setzero_ps();

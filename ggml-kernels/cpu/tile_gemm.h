@@ -3,14 +3,17 @@
 // Compiled once per instruction set (CMake: -DDFLASH_CPU_VARIANT=avx2 or avx512, see isa.h); the
 // kernels land in namespace dflash_cpu::<variant> and gemm.cpp picks one at run time.
 //
-// A weight format describes one block of 32 weights of a row as w = d * q + m with q unsigned
-// (Q4_1: q in 0..15 and its min m; Q8_0: q + 128 in 1..255 and m = -128 d), and activations as
-// a = d_a * p with p in -127..127. Then per block
+// A weight format describes each 32 weights of a row as w = d * q + m with q unsigned (Q4_1: q in
+// 0..15 and its min m; Q8_0: q + 128 in 1..255 and m = -128 d; Q4_0: q in 0..15 and m = -8 d; the
+// K-quants: d = super-block scale x sub-block scale), and activations as a = d_a * p with p in
+// -127..127. Then per 32 weights
 //   sum(w * a) = d * d_a * sum(q * p) + m * d_a * sum(p)
-// with sum(q * p) exact in integers. The format supplies the unpacking of a block of 8 rows into
-// lanes (PackedBlock, TILED formats) or the integer sums of 8 untransposed rows (dot_rows, up to
-// ROWWISE_MAX columns), and how the min term is added; the rest, including the one float step per
-// block that every path shares (block_fma), is here.
+// with sum(q * p) exact in integers. A format's block (ggml's) holds one such group of 32, or 8 (the
+// K-quants' 256), and its activation block one Format::Scale. The format supplies the unpacking of a block of 8 rows into lanes
+// (PackedBlock per group, TILED formats) or the integer sums of 8 untransposed rows (dot_rows, up to
+// ROWWISE_MAX columns), and the float steps of one column (Format::column); this file has the rest:
+// threads, tiles, passes over columns, the exact integer dot steps and the float step of the 32-weight
+// formats (block_fma).
 #pragma once
 
 #include "isa.h"
@@ -18,6 +21,7 @@
 #define GGML_COMMON_DECL_CPP
 #include "ggml-common.h"
 
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -65,6 +69,7 @@ constexpr int TILE_ROWS = 8;   // one weight row per float lane of a __m256
 constexpr int DIRECT_MAX = DFLASH_CPU_GEMM_DIRECT_MAX;
 constexpr int PACKED_RN = DFLASH_CPU_GEMM_PACKED_RN;
 constexpr int ROW_RN = 4;      // columns per row-wise pass (the tile's rows stay in L1 between passes)
+constexpr int ROW_PREFETCH_BLOCKS = 4;   // row-major formats: blocks fetched ahead in the weight stream
 constexpr int MAX_RN = DIRECT_MAX > PACKED_RN ? DIRECT_MAX : PACKED_RN;
 
 DFLASH_INLINE uint32_t load_u32(const void * p) {
@@ -73,14 +78,104 @@ DFLASH_INLINE uint32_t load_u32(const void * p) {
     return v;
 }
 
+template <typename T>
+T * grow(std::vector<T> & v, size_t n) {
+    if (v.size() < n) {
+        v.resize(n);
+    }
+    return v.data();
+}
+
 // One block of a tile of 8 weight rows, transposed: lane r of q[g] holds the 4 unsigned quants of
 // row r at positions 4g..4g+3 of the block, so one dot step against 4 activation bytes broadcast to
 // all lanes advances all 8 rows at once and the result needs no horizontal sum.
 struct alignas(32) PackedBlock {
     __m256i q[8];
-    __m256 d;      // scale of each row's block
-    __m256 m;      // min of each row's block (formats with a min term only)
+    __m256 d;      // scale of each row's 32 weights
+    __m256 m;      // min of each row's 32 weights (formats with a min term; Q6_K: scale of the upper 16)
 };
+
+// 8 rows of 32 bytes, transposed by 4-byte groups: out[g] lane r = bytes 4g..4g+3 of row r
+DFLASH_INLINE void transpose_groups(const __m256i (&x)[TILE_ROWS], __m256i (&out)[TILE_ROWS]) {
+    // pairs of rows interleaved by 32-bit group, then by 64 bits: u[k] (k < 4) holds groups k and
+    // k + 4 of rows 0..3, u[k + 4] the same of rows 4..7
+    __m256i u[TILE_ROWS];
+    for (int h = 0; h < 2; ++h) {
+        const __m256i * y = x + 4 * h;
+        const __m256i t0 = _mm256_unpacklo_epi32(y[0], y[1]);
+        const __m256i t1 = _mm256_unpackhi_epi32(y[0], y[1]);
+        const __m256i t2 = _mm256_unpacklo_epi32(y[2], y[3]);
+        const __m256i t3 = _mm256_unpackhi_epi32(y[2], y[3]);
+        u[4 * h + 0] = _mm256_unpacklo_epi64(t0, t2);
+        u[4 * h + 1] = _mm256_unpackhi_epi64(t0, t2);
+        u[4 * h + 2] = _mm256_unpacklo_epi64(t1, t3);
+        u[4 * h + 3] = _mm256_unpackhi_epi64(t1, t3);
+    }
+    for (int k = 0; k < 4; ++k) {
+        out[k]     = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+        out[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+    }
+}
+
+// 32 bytes at p of each of 8 rows, transposed (transpose_groups)
+template <typename Row>
+DFLASH_INLINE void load_transposed(const Row * (&r)[TILE_ROWS], size_t offset, __m256i (&out)[TILE_ROWS]) {
+    __m256i x[TILE_ROWS];
+    for (int i = 0; i < TILE_ROWS; ++i) {
+        x[i] = _mm256_loadu_si256((const __m256i *) ((const char *) r[i] + offset));
+    }
+    transpose_groups(x, out);
+}
+
+// 16 bytes at offset of each of 8 rows, transposed by 4-byte groups: out[g] lane r = bytes 4g..4g+3 of row r
+template <typename Row>
+DFLASH_INLINE void load_transposed16(const Row * (&r)[TILE_ROWS], size_t offset, __m256i (&out)[4]) {
+    // 4x4 dword transpose in each 128-bit lane: rows 0..3 in the low lane, rows 4..7 in the high one
+    const auto at = [&](int i) { return (const __m128i *) ((const char *) r[i] + offset); };
+    const __m256i x0 = _mm256_loadu2_m128i(at(4), at(0));
+    const __m256i x1 = _mm256_loadu2_m128i(at(5), at(1));
+    const __m256i x2 = _mm256_loadu2_m128i(at(6), at(2));
+    const __m256i x3 = _mm256_loadu2_m128i(at(7), at(3));
+    const __m256i t0 = _mm256_unpacklo_epi32(x0, x1);
+    const __m256i t1 = _mm256_unpackhi_epi32(x0, x1);
+    const __m256i t2 = _mm256_unpacklo_epi32(x2, x3);
+    const __m256i t3 = _mm256_unpackhi_epi32(x2, x3);
+    out[0] = _mm256_unpacklo_epi64(t0, t2);
+    out[1] = _mm256_unpackhi_epi64(t0, t2);
+    out[2] = _mm256_unpacklo_epi64(t1, t3);
+    out[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+// the 32-bit word at offset of each of 8 rows, lane r = row r
+template <typename Row>
+DFLASH_INLINE __m256i load_lanes_u32(const Row * (&r)[TILE_ROWS], size_t offset) {
+    const auto at = [&](int i) { return (int) load_u32((const char *) r[i] + offset); };
+    return _mm256_setr_epi32(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7));
+}
+
+// the fp16 at offset of each of 8 rows as floats, lane r = row r
+template <typename Row>
+DFLASH_INLINE __m256 load_lanes_f16(const Row * (&r)[TILE_ROWS], size_t offset) {
+    uint16_t h[TILE_ROWS];
+    for (int i = 0; i < TILE_ROWS; ++i) {
+        memcpy(&h[i], (const char *) r[i] + offset, sizeof h[i]);
+    }
+    return _mm256_cvtph_ps(_mm_setr_epi16((short) h[0], (short) h[1], (short) h[2], (short) h[3], (short) h[4],
+                                          (short) h[5], (short) h[6], (short) h[7]));
+}
+
+// Nibble-packed 32 weights (byte k: value k in the low nibble, value k + 16 in the high one, as Q4_0,
+// Q4_1, Q5_0 store them) of 8 rows at offset, into q[0..8) of a packed block
+template <typename Row>
+DFLASH_INLINE void unpack_nibbles32(const Row * (&r)[TILE_ROWS], size_t offset, PackedBlock & out) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256i g[4];
+    load_transposed16(r, offset, g);
+    for (int k = 0; k < 4; ++k) {
+        out.q[k]     = _mm256_and_si256(g[k], low4);
+        out.q[k + 4] = _mm256_and_si256(_mm256_srli_epi16(g[k], 4), low4);
+    }
+}
 
 struct ColumnScale {
     float d;       // d_a of an activation block
@@ -88,12 +183,32 @@ struct ColumnScale {
     int32_t bias;  // 128 * sum(p), for formats whose min term is exact in integers (Q8_0)
 };
 
+// A Q8_0 activation block's scale, and the integer offset term offset * sum(p) of formats that store
+// q + offset unsigned (Q8_0: 128, Q4_0: 8, Q5_0: 16)
+inline ColumnScale q8_0_column_scale(const block_q8_0 & y, int32_t offset) {
+    int32_t sum = 0;
+    for (int i = 0; i < QK8_0; ++i) {
+        sum += y.qs[i];
+    }
+    uint16_t d;
+    memcpy(&d, &y, sizeof d);   // the fp16 that opens a block
+    return ColumnScale{_cvtsh_ss(d), 0.0f, offset * sum};
+}
+
 // The batch's activations re-laid block-major, so that the inner loop walks two pointers with
 // constant offsets instead of one pointer per column.
+template <class Format>
 struct Activations {
-    const int8_t * q;            // [n_blocks][n_cols][32]
-    const ColumnScale * scale;   // [n_blocks][n_cols]
+    using Scale = typename Format::Scale;
+    static constexpr int64_t QK = sizeof(((const typename Format::ActBlock *) nullptr)->qs);   // quants per block
+    const int8_t * q;            // [n_blocks][n_cols][QK]
+    const Scale * scale;         // [n_blocks][n_cols]
     int64_t n_cols;
+
+    DFLASH_INLINE const int8_t * quants(int64_t b, int64_t j) const {
+        return q + (b * n_cols + j) * QK;
+    }
+    DFLASH_INLINE const Scale * scales(int64_t b, int64_t j) const { return scale + b * n_cols + j; }
 };
 
 // 8 weight rows at a constant stride (the last, partial tile of a matrix is a padded copy).
@@ -135,25 +250,34 @@ struct Tile {
     }
 };
 
-// sum over the block of q * p for the 8 rows of a packed block and 32 activation quants p
-DFLASH_INLINE __m256i dot_block(const PackedBlock & w, const int8_t * p) {
+// sum over N groups of 4 of q * p for the 8 rows of a packed block (q[0..N), lane r = row r) and 4N
+// activation quants p; MAX_Q bounds the unsigned weight quants (AVX2 keeps pair sums in int16)
+template <int MAX_Q, int N>
+DFLASH_INLINE __m256i dot_groups(const __m256i * q, const int8_t * p) {
 #if DFLASH_CPU_GEMM_VNNI
     __m256i even = _mm256_setzero_si256();
     __m256i odd = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k += 2) {
-        even = DFLASH_DPBUSD(even, w.q[k],     _mm256_set1_epi32((int) load_u32(p + 4 * k)));
-        odd  = DFLASH_DPBUSD(odd,  w.q[k + 1], _mm256_set1_epi32((int) load_u32(p + 4 * k + 4)));
+    for (int k = 0; k < N; k += 2) {
+        even = DFLASH_DPBUSD(even, q[k], _mm256_set1_epi32((int) load_u32(p + 4 * k)));
+        if (k + 1 < N) {
+            odd = DFLASH_DPBUSD(odd, q[k + 1], _mm256_set1_epi32((int) load_u32(p + 4 * k + 4)));
+        }
     }
     return _mm256_add_epi32(even, odd);
 #else
-    // 4-bit q only: int16 partial sums |q*p + q*p| <= 2*15*127 = 3810, 8 steps <= 30480 < 32767
-    __m256i s[8];
-    for (int k = 0; k < 8; ++k) {
-        s[k] = _mm256_maddubs_epi16(w.q[k], _mm256_set1_epi32((int) load_u32(p + 4 * k)));
+    // maddubs pairs |q*p + q*p| <= 2 * MAX_Q * 128; CHUNK of them summed stay within int16
+    static_assert(2 * MAX_Q * 128 <= 32767, "maddubs pairs overflow int16 for these quants");
+    constexpr int CHUNK = 32767 / (2 * MAX_Q * 128) < N ? 32767 / (2 * MAX_Q * 128) : N;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i total = _mm256_setzero_si256();
+    for (int k0 = 0; k0 < N; k0 += CHUNK) {
+        __m256i s16 = _mm256_maddubs_epi16(q[k0], _mm256_set1_epi32((int) load_u32(p + 4 * k0)));
+        for (int k = k0 + 1; k < k0 + CHUNK && k < N; ++k) {
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(q[k], _mm256_set1_epi32((int) load_u32(p + 4 * k))));
+        }
+        total = k0 == 0 ? _mm256_madd_epi16(s16, ones) : _mm256_add_epi32(total, _mm256_madd_epi16(s16, ones));
     }
-    const __m256i s16 = _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(s[0], s[1]), _mm256_add_epi16(s[2], s[3])),
-                                         _mm256_add_epi16(_mm256_add_epi16(s[4], s[5]), _mm256_add_epi16(s[6], s[7])));
-    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    return total;
 #endif
 }
 
@@ -171,25 +295,31 @@ DFLASH_INLINE __m256 block_fma(__m256i isum, __m256 d, __m256 m, const ColumnSca
     return acc;
 }
 
-// acc[j] += one weight block (8 rows) times block b of activation columns j0 + j, j < RN
+// One column's step for the 32-weight formats: exact integer sums, then block_fma.
+template <class Format>
+DFLASH_INLINE __m256 column_step_32(const PackedBlock & w, const int8_t * p, const ColumnScale * c, __m256 acc) {
+    __m256i isum = dot_groups<Format::MAX_Q, 8>(w.q, p);
+    if (!Format::FLOAT_MIN) {
+        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(c->bias));
+    }
+    return block_fma<Format>(isum, w.d, w.m, *c, acc);
+}
+
+// acc[j] += one weight block (8 rows, unpacked) times block b of activation columns j0 + j, j < RN
 template <class Format, int RN>
-DFLASH_INLINE void accumulate_block(const PackedBlock & w, const Activations & a, int64_t b, int64_t j0,
-                                    __m256 * acc) {
-    const int8_t * q = a.q + (b * a.n_cols + j0) * QK8_0;
-    const ColumnScale * scale = a.scale + b * a.n_cols + j0;
+DFLASH_INLINE void accumulate_block(const typename Format::Packed & w, const Activations<Format> & a, int64_t b,
+                                    int64_t j0, __m256 * acc) {
     for (int j = 0; j < RN; ++j) {
-        __m256i isum = dot_block(w, q + j * QK8_0);
-        if (!Format::FLOAT_MIN) {
-            isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(scale[j].bias));
-        }
-        acc[j] = block_fma<Format>(isum, w.d, w.m, scale[j], acc[j]);
+        acc[j] = Format::column(w, a.quants(b, j0 + j), a.scales(b, j0 + j), acc[j]);
     }
 }
 
 // Columns j0..j0+RN of one tile without transposing it (widths up to Format::ROWWISE_MAX, see q8_0_gemm.cpp):
 // per block, Format::dot_rows gives the exact integer sums of the 8 rows for one column.
 template <class Format, int RN>
-DFLASH_NOINLINE void tile_rows(const Tile & t, int64_t n_blocks, const Activations & a, int64_t j0, __m256 * acc) {
+DFLASH_NOINLINE void tile_rows(const Tile & t, int64_t n_blocks, const Activations<Format> & a, int64_t j0,
+                               __m256 * acc) {
+    static_assert(Activations<Format>::QK == QK8_0, "row-wise sums: 32-weight formats only");
     __m256 sum[RN];
     for (int j = 0; j < RN; ++j) {
         sum[j] = _mm256_setzero_ps();
@@ -199,11 +329,62 @@ DFLASH_NOINLINE void tile_rows(const Tile & t, int64_t n_blocks, const Activatio
         const typename Format::Block * r[TILE_ROWS];
         t.rows(b, r);
         const __m256 d = Format::row_scales(r);
-        const int8_t * q = a.q + (b * a.n_cols + j0) * QK8_0;
-        const ColumnScale * scale = a.scale + b * a.n_cols + j0;
         for (int j = 0; j < RN; ++j) {
-            const __m256i isum = Format::dot_rows(r, q + j * QK8_0, scale[j]);
-            sum[j] = block_fma<Format>(isum, d, _mm256_setzero_ps(), scale[j], sum[j]);
+            const ColumnScale & scale = *a.scales(b, j0 + j);
+            const __m256i isum = Format::dot_rows(r, a.quants(b, j0 + j), scale);
+            sum[j] = block_fma<Format>(isum, d, _mm256_setzero_ps(), scale, sum[j]);
+        }
+    }
+    for (int j = 0; j < RN; ++j) {
+        acc[j] = sum[j];
+    }
+}
+
+// Columns j0..j0+RN of one tile, one weight row after the other (formats with ROW_MAJOR, widths up to
+// ROWWISE_MAX): the rows of a tile are one stretch of memory, read in order, with no transpose. Per row and block,
+// Format::row_sums gives the exact integers the transposed path sums in lanes (Format::Sums: isum, msum); the
+// float steps (Format::finish) then run on the 8 rows' integers as lanes, the same as in Format::column.
+template <class Format, int RN>
+DFLASH_NOINLINE void tile_row_major(const Tile & t, int64_t n_blocks, const Activations<Format> & a, int64_t j0,
+                                    __m256 * acc) {
+    static thread_local std::vector<int32_t> scratch;
+    int32_t * sums = grow(scratch, (size_t) (n_blocks * RN * 2 * TILE_ROWS));   // [block][column][isum, msum][row]
+    for (int r = 0; r < TILE_ROWS; ++r) {
+        const auto * row = (const typename Format::Block *) (t.base + r * t.stride);
+        for (int64_t b = 0; b < n_blocks; ++b) {
+            // the rows are one stream in memory order: fetch a few blocks ahead (past the tile's end: the next
+            // tile's rows, or nothing that faults)
+            const char * ahead = (const char *) (row + b + ROW_PREFETCH_BLOCKS);
+            for (size_t off = 0; off < sizeof(typename Format::Block); off += 64) {
+                _mm_prefetch(ahead + off, _MM_HINT_T0);
+            }
+            const int8_t * p[RN];
+            const typename Format::Scale * c[RN];
+            for (int j = 0; j < RN; ++j) {
+                p[j] = a.quants(b, j0 + j);
+                c[j] = a.scales(b, j0 + j);
+            }
+            int32_t isum[RN], msum[RN];
+            Format::template row_sums<RN>(row[b], p, c, isum, msum);
+            for (int j = 0; j < RN; ++j) {
+                sums[((b * RN + j) * 2 + 0) * TILE_ROWS + r] = isum[j];
+                sums[((b * RN + j) * 2 + 1) * TILE_ROWS + r] = msum[j];
+            }
+        }
+    }
+    __m256 sum[RN];
+    for (int j = 0; j < RN; ++j) {
+        sum[j] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const typename Format::Block * r[TILE_ROWS];
+        t.rows(b, r);
+        const typename Format::RowScales rs = Format::row_scales(r);
+        for (int j = 0; j < RN; ++j) {
+            const int32_t * s = sums + (b * RN + j) * 2 * TILE_ROWS;
+            sum[j] = Format::finish(_mm256_loadu_si256((const __m256i *) s),
+                                    _mm256_loadu_si256((const __m256i *) (s + TILE_ROWS)), rs, *a.scales(b, j0 + j),
+                                    sum[j]);
         }
     }
     for (int j = 0; j < RN; ++j) {
@@ -213,7 +394,7 @@ DFLASH_NOINLINE void tile_rows(const Tile & t, int64_t n_blocks, const Activatio
 
 // Columns j0..j0+RN of one tile, straight from the weight rows: acc[j] lane r = row r . column j0+j.
 template <class Format, int RN>
-DFLASH_NOINLINE void tile_direct(const Tile & t, int64_t n_blocks, const Activations & a, int64_t j0,
+DFLASH_NOINLINE void tile_direct(const Tile & t, int64_t n_blocks, const Activations<Format> & a, int64_t j0,
                                  __m256 * acc) {
     __m256 sum[RN];
     for (int j = 0; j < RN; ++j) {
@@ -221,7 +402,7 @@ DFLASH_NOINLINE void tile_direct(const Tile & t, int64_t n_blocks, const Activat
     }
     for (int64_t b = 0; b < n_blocks; ++b) {
         t.prefetch_next(b);
-        PackedBlock w;
+        typename Format::Packed w;
         Format::unpack(t, b, w);
         accumulate_block<Format, RN>(w, a, b, j0, sum);
     }
@@ -234,8 +415,8 @@ DFLASH_NOINLINE void tile_direct(const Tile & t, int64_t n_blocks, const Activat
 // first pass prefetches the next tile (from the unpacking loop the prefetches came in one burst: B=1
 // forced through this path took 17.6 ms instead of 9.7 for the Q8_0 SmolLM2 layers).
 template <class Format, int RN>
-DFLASH_NOINLINE void tile_packed(const PackedBlock * w, const Tile * prefetch, int64_t n_blocks,
-                                 const Activations & a, int64_t j0, __m256 * acc) {
+DFLASH_NOINLINE void tile_packed(const typename Format::Packed * w, const Tile * prefetch, int64_t n_blocks,
+                                 const Activations<Format> & a, int64_t j0, __m256 * acc) {
     __m256 sum[RN];
     for (int j = 0; j < RN; ++j) {
         sum[j] = _mm256_setzero_ps();
@@ -254,18 +435,29 @@ DFLASH_NOINLINE void tile_packed(const PackedBlock * w, const Tile * prefetch, i
 // rn columns from j0 of one tile: row-wise (rowwise, rn <= ROW_RN), straight from the weight rows
 // (packed == nullptr, rn <= DIRECT_MAX) or from its unpacking (rn <= PACKED_RN)
 template <class Format>
-void tile_columns(int rn, bool rowwise, const Tile & t, const PackedBlock * packed, int64_t n_blocks,
-                  const Activations & a, int64_t j0, __m256 * acc) {
+void tile_columns(int rn, bool rowwise, const Tile & t, const typename Format::Packed * packed, int64_t n_blocks,
+                  const Activations<Format> & a, int64_t j0, __m256 * acc) {
     if constexpr (Format::ROWWISE_MAX > 0) {
         if (rowwise) {
             GGML_ASSERT(rn <= ROW_RN);
-            switch (rn) {
-                case 1: tile_rows<Format, 1>(t, n_blocks, a, j0, acc); return;
-                case 2: tile_rows<Format, 2>(t, n_blocks, a, j0, acc); return;
-                case 3: tile_rows<Format, 3>(t, n_blocks, a, j0, acc); return;
-                case 4: tile_rows<Format, 4>(t, n_blocks, a, j0, acc); return;
-                default: GGML_ABORT("dflash cpu gemm: %d row-wise columns per pass", rn);
+            if constexpr (Format::ROW_MAJOR) {
+                switch (rn) {
+                    case 1: tile_row_major<Format, 1>(t, n_blocks, a, j0, acc); return;
+                    case 2: tile_row_major<Format, 2>(t, n_blocks, a, j0, acc); return;
+                    case 3: tile_row_major<Format, 3>(t, n_blocks, a, j0, acc); return;
+                    case 4: tile_row_major<Format, 4>(t, n_blocks, a, j0, acc); return;
+                    default: break;
+                }
+            } else {
+                switch (rn) {
+                    case 1: tile_rows<Format, 1>(t, n_blocks, a, j0, acc); return;
+                    case 2: tile_rows<Format, 2>(t, n_blocks, a, j0, acc); return;
+                    case 3: tile_rows<Format, 3>(t, n_blocks, a, j0, acc); return;
+                    case 4: tile_rows<Format, 4>(t, n_blocks, a, j0, acc); return;
+                    default: break;
+                }
             }
+            GGML_ABORT("dflash cpu gemm: %d row-wise columns per pass", rn);
         }
     }
     if constexpr (Format::TILED) {
@@ -301,23 +493,16 @@ void tile_columns(int rn, bool rowwise, const Tile & t, const PackedBlock * pack
     }
 }
 
-template <typename T>
-T * grow(std::vector<T> & v, size_t n) {
-    if (v.size() < n) {
-        v.resize(n);
-    }
-    return v.data();
-}
-
 // Per-thread scratch, reused across calls.
 struct Scratch {
     std::vector<int8_t> q;                 // activations, block-major
-    std::vector<ColumnScale> scale;
-    std::vector<PackedBlock> packed;       // one tile unpacked (wide batches)
+    std::vector<char> scale;               // their Format::Scale, block-major
+    std::vector<char> packed;              // one tile unpacked (wide batches), Format::Packed per block
+    std::vector<int32_t> sums;             // row-major formats: exact integer sums of a tile's rows
     std::vector<char> tail;                // the last, partial tile padded to 8 rows
 };
 
-// The whole product for one format; Format::relayout fills the block-major activations.
+// The whole product for one format; Format::column_scale gives each activation block's Format::Scale.
 template <class Format>
 void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,
                const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth) {
@@ -329,20 +514,29 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
     if (tile0 >= tile1) {
         return;
     }
-    int8_t * q = grow(scratch.q, (size_t) (n_blocks * n_cols * QK8_0));
-    ColumnScale * scale = grow(scratch.scale, (size_t) (n_blocks * n_cols));
+    using Scale = typename Format::Scale;
+    constexpr int64_t QK = Activations<Format>::QK;
+    static_assert(QK % QK8_0 == 0, "activation blocks of whole groups of 32");
+    int8_t * q = grow(scratch.q, (size_t) (n_blocks * n_cols * QK));
+    Scale * scale = (Scale *) grow(scratch.scale, (size_t) (n_blocks * n_cols) * sizeof(Scale));
     for (int64_t j = 0; j < n_cols; ++j) {
         const auto * y = (const typename Format::ActBlock *) ((const char *) B + j * b_row_bytes);
         for (int64_t b = 0; b < n_blocks; ++b) {
-            memcpy(q + (b * n_cols + j) * QK8_0, y[b].qs, QK8_0);
+            memcpy(q + (b * n_cols + j) * QK, y[b].qs, QK);
             scale[b * n_cols + j] = Format::column_scale(y[b]);
         }
     }
-    const Activations act{q, scale, n_cols};
+    const Activations<Format> act{q, scale, n_cols};
     // row-wise where the format asks for it; otherwise one pass reads the weights directly, and wider
     // batches unpack each tile once and make several passes
     const bool rowwise = n_cols <= Format::ROWWISE_MAX;
-    PackedBlock * packed = !rowwise && n_cols > DIRECT_MAX ? grow(scratch.packed, (size_t) n_blocks) : nullptr;
+    using Packed = typename Format::Packed;
+    static_assert(alignof(Packed) <= 32, "packed blocks are 32-byte aligned");
+    Packed * packed = nullptr;
+    if (!rowwise && n_cols > DIRECT_MAX) {   // 32-byte aligned inside the byte buffer
+        char * raw = grow(scratch.packed, (size_t) n_blocks * sizeof(Packed) + 32);
+        packed = (Packed *) (raw + ((32 - ((uintptr_t) raw & 31)) & 31));
+    }
     const int pass = rowwise ? ROW_RN : packed ? PACKED_RN : DIRECT_MAX;
     const size_t row_data = n_blocks * sizeof(typename Format::Block);
 

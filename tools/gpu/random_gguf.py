@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 SHAPES = {
     "qwen3-8b": dict(arch="qwen3", n_embd=4096, n_layer=36, n_head=32, n_head_kv=8, head_dim=128, n_ff=12288,
                      n_vocab=151936),
+    "qwen3-2b": dict(arch="qwen3", n_embd=2048, n_layer=28, n_head=16, n_head_kv=8, head_dim=128, n_ff=6144,
+                     n_vocab=151936),
     "qwen3-moe": dict(arch="qwen3moe", n_embd=2048, n_layer=8, n_head=32, n_head_kv=4, head_dim=128, n_ff=6144,
                       n_expert=128, n_expert_used=8, n_ff_exp=768, n_vocab=151936),
     "tiny-dense": dict(arch="qwen3", n_embd=256, n_layer=4, n_head=4, n_head_kv=2, head_dim=64, n_ff=512,
