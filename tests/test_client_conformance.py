@@ -48,10 +48,12 @@ WEATHER = [{"type": "function", "function": {"name": "get_weather", "description
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    """The embedded default model, as `dflash-gguf serve` loads it (smaller context, one thread for the tests)."""
+    """The embedded default model, as `dflash-gguf serve` loads it (smaller context, one thread for the tests, and
+    a fixed draft length: the adaptive policy may decode plain on a machine where drafting does not pay, and the
+    tests require drafts)."""
     from dflash_gguf.engine.session import Engine
     from dflash_gguf.server.prompt_cache import CacheSettings
-    settings = EngineSettings(n_ctx=2048, n_threads=1)
+    settings = EngineSettings(n_ctx=2048, n_threads=1, adaptive=False)
     srv = LiveServer(lambda: Engine(settings), api_key=KEY, model_id="smollm2-135m-instruct-dflash",
                      cache=CacheSettings(slot_dir=tmp_path_factory.mktemp("slots"))).wait_ready()
     yield srv
@@ -155,7 +157,6 @@ def test_lmstudio_plugin_stream_and_draft_counts(live):
     drafted = sum(ch.get("dflash", {}).get("drafted", 0) for ch in sse(r.text))
     live.wait_idle()
     assert live.worker.history[before].outcome == "done"
-    # the drafter runs: at least the policy's probes draft (one every 16 plain steps at most), and some are accepted
     assert final["timings"]["draft_n"] >= final["timings"]["draft_n_accepted"] >= drafted > 0
 
 
