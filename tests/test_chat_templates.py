@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dflash_gguf.textgen.builtin_templates import BUILTINS
-from dflash_gguf.textgen.chat import ChatTemplateError, model_template, read_choice, render_model_chat
+from dflash_gguf.textgen.chat import ChatTemplateError, model_template, read_choice, render_chat
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi "},
             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]
@@ -36,20 +36,54 @@ class FakeModel:
         return {1: b"<bos>", 2: b"<eos>"}[token]
 
 
-def _render(name: str, messages=MESSAGES) -> str:
-    model = FakeModel("x", set(BUILTINS[name].special))
-    return render_model_chat(model, messages, template=BUILTINS[name].jinja)
+# inputs with no system message, one (with spaces to trim), several (one of them after the first user turn)
+CHATS = {
+    "user": MESSAGES[1:2],
+    "system": MESSAGES,
+    "systems": [{"role": "system", "content": " Be brief. "}, {"role": "system", "content": "Answer in French."},
+                {"role": "user", "content": "Hi"}, {"role": "assistant", "content": " Salut. "},
+                {"role": "system", "content": "Now in English."}, {"role": "user", "content": "Bye"}],
+}
+# Gemma, Llama 3 and Mistral models put BOS in the text: llama.cpp's built-ins leave it to the tokenizer (add_bos),
+# our templates write it; llama.cpp writes Mistral's EOS text `</s>` itself, ours the model's eos_token
+BOS, EOS = "<bos>", "</s>"
+WRITES_BOS = {"gemma", "llama3", "mistral-v7"}
 
 
-def test_builtins_render_as_llama_cpp_formats_them():
-    # llama.cpp src/llama-chat.cpp LLM_CHAT_TEMPLATE_GEMMA: system text opens the first user turn, content trimmed
-    assert _render("gemma") == ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
-                                "Hello.<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
-    assert _render("chatml", MESSAGES[1:2]) == "<|im_start|>user\n Hi <|im_end|>\n<|im_start|>assistant\n"
-    assert _render("llama3", MESSAGES[1:2]) == ("<bos><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
-                                                 "<|start_header_id|>assistant<|end_header_id|>\n\n")
-    assert _render("phi3", MESSAGES[1:2]) == "<|user|>\n Hi <|end|>\n<|assistant|>\n"
-    assert _render("mistral-v7", MESSAGES[:3]) == "<bos>[SYSTEM_PROMPT] Be brief.[/SYSTEM_PROMPT][INST]  Hi [/INST] Hello.<eos>"
+def llama_cpp_render(name: str, messages: list[dict], add_ass: bool = True) -> str:
+    """llama.cpp's own rendering (llama_chat_apply_template with a built-in template's name)."""
+    import ctypes
+
+    from dflash_gguf.native.lib import load
+    lc = load().llama_cpp
+    keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
+    chat = (lc.llama_chat_message * len(keep))(*[lc.llama_chat_message(role=r, content=c) for r, c in keep])
+    n = lc.llama_chat_apply_template(name.encode(), chat, len(keep), add_ass, None, 0)
+    assert n >= 0, f"llama.cpp has no built-in template {name!r}"
+    buf = ctypes.create_string_buffer(n + 1)
+    assert lc.llama_chat_apply_template(name.encode(), chat, len(keep), add_ass, buf, n + 1) == n
+    return buf.raw[:n].decode()
+
+
+@pytest.mark.parametrize("chat", CHATS)
+@pytest.mark.parametrize("name", BUILTINS)
+def test_builtins_render_as_llama_cpp_formats_them(name, chat):
+    """Fails when one of our jinja copies drifts from llama.cpp's built-in (e.g. Gemma keeping only the last of
+    several system messages, or not trimming them)."""
+    messages = CHATS[chat]
+    ours = render_chat(BUILTINS[name].jinja, messages, bos_token=BOS, eos_token=EOS)
+    assert ours == (BOS if name in WRITES_BOS else "") + llama_cpp_render(name, messages)
+
+
+def test_system_messages_are_turns_of_their_own_or_merged_into_the_next_user_turn():
+    """How several system messages come out: ChatML keeps each as its own turn; Gemma has no system role and
+    opens the next user turn with them, trimmed and joined."""
+    systems = CHATS["systems"]
+    assert llama_cpp_render("chatml", systems).count("<|im_start|>system\n") == 3
+    gemma = llama_cpp_render("gemma", systems)
+    assert "system" not in gemma
+    assert gemma.startswith("<start_of_turn>user\nBe brief.Answer in French.\n\nHi<end_of_turn>\n")
+    assert "<start_of_turn>user\nNow in English.\n\nBye<end_of_turn>\n" in gemma
 
 
 def test_the_gguf_template_wins_then_the_architecture_then_the_vocabulary():
@@ -79,6 +113,7 @@ def test_chat_template_option_takes_a_name_or_a_file(tmp_path):
 
 @pytest.mark.slow
 def test_train_refuses_a_target_without_template_before_harvesting(tmp_path, capsys):
+    """Fails when train ignores --chat-template (the first error again) or reads it only after its other checks."""
     pytest.importorskip("torch")
     from dflash_gguf.cli import main
     from helpers.engine import write_tiny_llama
@@ -90,12 +125,14 @@ def test_train_refuses_a_target_without_template_before_harvesting(tmp_path, cap
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert e.value.code == 2 and len(err) == 1 and "no chat template" in err[0], err
     assert not (data / "tokens.bin").exists() and not (data / "meta.json").exists()
-    # with a template named on the command line the same checks pass (and go on to harvest: stopped by --tokens 1)
+    # with a template named on the command line the template check passes and so do the taps' (their probe prompts
+    # are rendered with it); the disk check after them stops the run: 10^15 tokens cannot fit
     with pytest.raises(SystemExit) as e:
         main(["train", "-m", str(target), "-o", str(tmp_path / "d.gguf"), "--data-dir", str(data), "-t", "2",
-              "--chat-template", str(_plain_template(tmp_path)), "--tokens", "1", "--rows", "10", "--draft-vocab",
-              "1000000"])
-    assert e.value.code == 2 and "--draft-vocab 1000000" in capsys.readouterr().err
+              "--chat-template", str(_plain_template(tmp_path)), "--tokens", str(10**15), "--taps", "1,3"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert e.value.code == 2 and len(err) == 1 and "the harvest needs" in err[0] and "lower --tokens" in err[0], err
+    assert not (data / "tokens.bin").exists()
 
 
 def _plain_template(tmp_path: Path) -> Path:

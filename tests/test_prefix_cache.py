@@ -7,7 +7,7 @@ import pytest
 from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.target import WIDE_ROWS
 from dflash_gguf.settings import EngineSettings
-from helpers.engine import tiny_speculative_engine, write_random_drafter
+from helpers.engine import assert_same_bits, next_step_logits, tiny_speculative_engine, write_random_drafter
 
 GREEDY = SamplingParams(temperature=0.0)
 HOT = SamplingParams(temperature=0.8, top_k=20, seed=3)
@@ -105,6 +105,28 @@ def test_snapshot_restores_target_and_drafter(engine):
     follow = a + answer + prompt_of(1, 2, 3)[1:]
     k, tokens = warm(engine, follow, 20)
     assert k == len(follow) - WIDE_ROWS and tokens == cold(engine, follow, 20)
+
+
+@pytest.mark.parametrize("how", ["held", "snapshot"])
+def test_a_reused_prefix_holds_what_a_cold_prefill_computes_in_target_and_drafter(engine, how):
+    """Greedy output does not depend on what the drafter's cache holds, so this compares contents: the target's
+    logits and the drafter's block logits after a reuse equal a cold start's, bit for bit. Fails when the drafter's
+    KV is not restored from the snapshot (prefix.restore leaves the other conversation's in it: same positions,
+    other contents, greedy tokens unchanged), or not cut back to the kept prefix."""
+    first = prompt_of(*range(150))
+    engine.forget()
+    answer = engine.generate(first, 24, GREEDY).tokens
+    engine.widen()
+    if how == "snapshot":
+        snap = engine.snapshot()
+        cold(engine, prompt_of(*range(100, 300)), 20)   # longer than the first: its positions cover the prefix
+        engine.restore(snap)
+    second = first + answer + prompt_of(7, 9, 11)[1:]
+    k = engine.keep_prefix(second)
+    assert k == len(second) - WIDE_ROWS
+    warm_bits = next_step_logits(engine, second, k)
+    engine.forget()
+    assert_same_bits(warm_bits, next_step_logits(engine, second, 0))
 
 
 def test_plain_decoding_leaves_the_drafter_behind_so_nothing_is_reused(engine):

@@ -23,10 +23,11 @@ BUILTINS = {b.name: b for b in (
             "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
             "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
             ("<|im_start|>", "<|im_end|>")),
-    # llama.cpp LLM_CHAT_TEMPLATE_GEMMA: the system prompt opens the first user turn; "assistant" is "model"
+    # llama.cpp LLM_CHAT_TEMPLATE_GEMMA: system messages, trimmed and joined, open the next user turn; "assistant"
+    # is "model"
     Builtin("gemma",
             "{{ bos_token }}{% set ns = namespace(system='') %}{% for m in messages %}"
-            "{% if m['role'] == 'system' %}{% set ns.system = m['content'] %}{% else %}"
+            "{% if m['role'] == 'system' %}{% set ns.system = ns.system + (m['content'] | trim) %}{% else %}"
             "{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
             "{{ '<start_of_turn>' + role + '\\n' }}"
             "{% if ns.system and role != 'model' %}{{ ns.system + '\\n\\n' }}{% set ns.system = '' %}{% endif %}"

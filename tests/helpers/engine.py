@@ -273,3 +273,21 @@ def tiny_speculative_engine(folder: Path):
                                    head_dim=16, n_ff=64)
     return Engine(EngineSettings(target=target, drafter=drafter, n_ctx=512, n_threads=1, adaptive=False,
                                  draft_max=3))
+
+
+def next_step_logits(engine, prompt: list[int], n_cached: int) -> tuple[np.ndarray, np.ndarray]:
+    """What the engine computes from `prompt` with its first `n_cached` positions held (engine.keep_prefix):
+    (the target's last logits after prefilling the rest [V], the drafter's logits for a block anchored at the
+    target's argmax [block_size-1, V]). Equal bits after a reuse and after a cold start (n_cached=0, caches
+    cleared) mean both caches hold what a cold prefill computes. Leaves the engine holding `prompt`."""
+    target, drafter = engine.target, engine.drafter
+    assert target.n_past == n_cached and drafter.pos_max() == n_cached - 1
+    last = target.prefill(prompt[n_cached:], drafter.process)
+    block = drafter.draft(int(last.argmax()), target.n_past, drafter.block_size - 1, want_logits=True)
+    return last, block.logits
+
+
+def assert_same_bits(warm: tuple[np.ndarray, np.ndarray], cold: tuple[np.ndarray, np.ndarray]) -> None:
+    """next_step_logits of a reused cache equal a cold start's, bit for bit, in the target and in the drafter."""
+    assert np.array_equal(warm[0], cold[0]), "the target's logits differ from a cold prefill's"
+    assert np.array_equal(warm[1], cold[1]), "the drafter's logits differ from a cold prefill's"
