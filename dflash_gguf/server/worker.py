@@ -249,8 +249,8 @@ def engine_identity(engine) -> dict:
     s = engine.settings
     files = {"target": engine.target_model.path, "drafter": getattr(engine.drafter_model, "path", None)}
     out = {k: None if p is None else f"{p.name}:{p.stat().st_size}" for k, p in files.items()}
-    return {**out, "n_ctx": s.n_ctx, "flash_attn": s.flash_attn, "cache_type_k": getattr(s, "cache_type_k", None),
-            "cache_type_v": getattr(s, "cache_type_v", None)}
+    return {**out, "n_ctx": s.n_ctx, "flash_attn": s.flash_attn, "cache_type_k": s.cache_type_k,
+            "cache_type_v": s.cache_type_v}
 
 
 def _on_tokens(job: Job):
