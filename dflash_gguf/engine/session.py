@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..errors import RunFailure, SetupError, UserError
 from ..gguf_check import check_drafter, check_fits
@@ -198,11 +198,12 @@ class Engine:
             return 0
         return prefix.keep_prefix(self.target, drafter, prompt)
 
-    def widen(self) -> int:
+    def widen(self, should_stop: Callable[[], bool] = lambda: False) -> int:
         """Re-decode the last generation's positions as a prefill would (engine/prefix.py), so that the next turn
-        reuses them exactly; returns how many were decoded again. Run it while idle, after the answer is out."""
+        reuses them exactly; returns how many were decoded again. Run it while idle, after the answer is out;
+        it stops early (the held sequence cut back to what it re-decoded) once `should_stop()` is true."""
         try:
-            return prefix.widen(self.target, self.drafter if self._drafter_in_step else None)
+            return prefix.widen(self.target, self.drafter if self._drafter_in_step else None, should_stop)
         except BaseException:
             self.forget()
             raise

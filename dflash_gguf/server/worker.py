@@ -197,11 +197,12 @@ class EngineWorker:
         self._settle()
 
     def _settle(self) -> None:
-        """The answer is out: re-decode what the next turn would otherwise re-read (prompt_cache.settle)."""
+        """The answer is out: re-decode what the next turn would otherwise re-read (prompt_cache.settle), giving
+        way to the next request as soon as one is queued."""
         if self.cache is None:
             return
         try:
-            self.cache.settle()
+            self.cache.settle(lambda: not self._jobs.empty())
         except Exception as e:  # noqa: BLE001 - the engine forgot its sequence; the next request starts cold
             print(f"dflash-gguf serve: keeping the conversation failed: {type(e).__name__}: {e}", file=sys.stderr)
 
