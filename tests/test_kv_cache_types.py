@@ -85,6 +85,29 @@ def test_a_q8_0_kv_cache_is_lossless_and_used(q8_engine):
     assert drafted > 0                                                     # the drafter ran
 
 
+def test_a_q8_0_cache_reuses_a_whole_conversation_without_re_decoding_it(q8_engine):
+    """No tiled flash attention with Q8_0 K/V (engine/target.py width_invariant): the positions a generation decoded
+    in verify batches are what a prefill computes, so the next turn reuses all of them with no re-decode (a
+    follow-up sent at once waits for nothing), and its last logits are a cold prefill's bits. Broken variant caught:
+    an F16 cache treated as width-invariant (its narrow positions differ from a prefill's in the last bits)."""
+    import numpy as np
+
+    from dflash_gguf.native.wrappers import ContextSettings
+    from dflash_gguf.engine.target import width_invariant
+    assert not width_invariant(ContextSettings()) and not width_invariant(ContextSettings(type_k="f32", type_v="f32"))
+    assert not width_invariant(ContextSettings(type_k="q8_0", type_v="q8_0", flash_attn="off"))
+    prompt = q8_engine.tokenize(PROMPTS[0] * 6)
+    q8_engine.forget()
+    answer = q8_engine.generate(prompt, 40, SamplingParams()).tokens
+    assert q8_engine.widen() == 0
+    follow = prompt + answer + q8_engine.tokenize(" Shorter, please.", add_special=False)
+    k = q8_engine.keep_prefix(follow)
+    assert k == len(prompt) + len(answer) - 1
+    warm = q8_engine.target.prefill(follow[k:], None)
+    q8_engine.forget()
+    assert np.array_equal(warm, q8_engine.target.prefill(follow, None))
+
+
 def test_props_and_slot_identity_name_the_kv_types(q8_engine):
     from dflash_gguf.server.worker import engine_identity
     from helpers.server import LiveServer
