@@ -202,9 +202,15 @@ class EngineWorker:
         if self.cache is None:
             return
         try:
-            self.cache.settle(lambda: not self._jobs.empty())
+            self.cache.settle(self._request_waits)
         except Exception as e:  # noqa: BLE001 - the engine forgot its sequence; the next request starts cold
             print(f"dflash-gguf serve: keeping the conversation failed: {type(e).__name__}: {e}", file=sys.stderr)
+
+    def _request_waits(self) -> bool:
+        """A generation (or the stop) is queued. A slot action is not one: it waits for the re-decode, so that a
+        saved slot holds the whole conversation."""
+        with self._jobs.mutex:
+            return any(item is None or isinstance(item[0], Job) for item in self._jobs.queue)
 
     def _call(self, call: EngineCall) -> None:
         try:
