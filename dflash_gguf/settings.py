@@ -12,6 +12,11 @@ from .native import BACKENDS
 T_MODES = ("rejection", "match")    # T>0 verification: speculative sampling, or match a target sample
 DRAFT_SOURCES = ("dflash", "lookup", "hybrid")  # the drafter; prompt lookup (no drafter file); both, per step
 FLASH_ATTN_MODES = ("auto", "on", "off")
+# llama.cpp's -ctk / -ctv types (common/arg.cpp kv_cache_types) and their bytes per value (ggml block sizes);
+# a quantized V cache needs flash attention
+KV_CACHE_TYPES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
+                  "iq4_nl": 18 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32}
+UNQUANTIZED_KV = ("f32", "f16", "bf16")
 MIN_CTX = 128                        # the verify-cost calibration decodes 64 context tokens + a block
 
 
@@ -35,6 +40,8 @@ class EngineSettings:
     t_mode: str = "rejection"            # T>0 verification: "rejection" | "match"
     draft_source: str = "hybrid"         # DRAFT_SOURCES
     flash_attn: str = "auto"
+    cache_type_k: str = "f16"            # KV_CACHE_TYPES, for the target's KV and the drafter's
+    cache_type_v: str = "f16"
     n_cpu_moe: int = 0
     cpu_moe: bool = False
     override_tensor: tuple[str, ...] = ()        # "REGEX=BUFT"
@@ -74,6 +81,13 @@ class EngineSettings:
             (self.t_mode in T_MODES, "--t-mode", self.t_mode, f"must be one of {', '.join(T_MODES)}"),
             (self.flash_attn in FLASH_ATTN_MODES, "DFLASH_GGUF_FLASH_ATTN", self.flash_attn,
              f"must be one of {', '.join(FLASH_ATTN_MODES)}"),
+            (self.cache_type_k in KV_CACHE_TYPES, "-ctk/--cache-type-k", self.cache_type_k,
+             f"must be one of {', '.join(KV_CACHE_TYPES)}"),
+            (self.cache_type_v in KV_CACHE_TYPES, "-ctv/--cache-type-v", self.cache_type_v,
+             f"must be one of {', '.join(KV_CACHE_TYPES)}"),
+            (self.cache_type_v in UNQUANTIZED_KV or self.flash_attn != "off", "-ctv/--cache-type-v",
+             self.cache_type_v, "a quantized V cache needs flash attention, which DFLASH_GGUF_FLASH_ATTN=off turns "
+             f"off: unset it (auto turns it on) or choose -ctv {' / '.join(UNQUANTIZED_KV)}"),
             (self.draft_source in DRAFT_SOURCES, "--draft-source", self.draft_source,
              f"must be one of {', '.join(DRAFT_SOURCES)}"),
             (self.fit_target >= 0, "--fit-target", self.fit_target, "must be >= 0 (MiB left free on the device)"),

@@ -195,6 +195,7 @@ cat >&2 <<'EOF'
     argv = log.read_text().splitlines()
     ngram_argv = [a.split() for a in argv if "ngram-simple" in a]
     assert ngram_argv and all("--no-escape" in a and a[a.index("-n") + 1] == "23" and a[a.index("-t") + 1] == "2"
+                              and a[a.index("-ctk") + 1] == a[a.index("-ctv") + 1] == "f16"
                               for a in ngram_argv[1:])          # [0] is the availability probe
     assert any("-md" in a and str(drafter) in a for a in argv if "draft-dflash" in a)
     # the fake tool always says 3 prompt tokens: every prompt where ours differs is flagged

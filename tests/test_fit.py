@@ -46,3 +46,5 @@ def test_read_sizes_from_gguf(tmp_path):
     assert s.n_layer == 3
     assert s.expert_bytes == [3 * 4 * 128 * 64 * 4] * 3                  # gate, up, down × 4 experts, F32
     assert s.kv_bytes_per_token == 3 * 2 * (16 + 16) * 2                 # layers × kv heads × (k+v dims) × F16
+    # -ctk q8_0 -ctv q4_0: 34 bytes per 32 values of K, 18 per 32 of V
+    assert read_sizes(path, 1024, "q8_0", "q4_0").kv_bytes_per_token == 3 * 2 * (16 * 34 // 32 + 16 * 18 // 32)

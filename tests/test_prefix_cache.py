@@ -5,6 +5,7 @@ target and drafter; a hybrid target reuses its whole sequence or nothing."""
 import pytest
 
 from dflash_gguf.engine.sampling import SamplingParams
+from dflash_gguf.engine.prefix import WIDEN_ROWS
 from dflash_gguf.engine.target import WIDE_ROWS
 from dflash_gguf.settings import EngineSettings
 from helpers.engine import assert_same_bits, next_step_logits, tiny_speculative_engine, write_random_drafter
@@ -63,6 +64,39 @@ def test_narrow_positions_are_not_reused_where_a_prefill_decodes_them_wide(engin
     second = first + answer + [4, 5, 6]
     k, tokens = warm(engine, second, 24)
     assert k <= len(first) and tokens == cold(engine, second, 24)
+
+
+def test_a_widen_that_yields_to_a_request_leaves_a_sequence_that_continues_exactly(engine):
+    """The server's re-decode stops between ubatches once a request waits (prefix.widen's should_stop), cut back to
+    what it re-decoded; the follow-up prefills the rest: its last logits are a cold prefill's bits and its greedy
+    answer a cold start's. Broken variant caught: the positions after the stop kept as if re-decoded (they were
+    computed over the narrow versions of the earlier ones)."""
+    import numpy as np
+    first = prompt_of(*range(60))
+    engine.forget()
+    answer = engine.generate(first, 3 * WIDEN_ROWS, GREEDY).tokens
+    follow = first + answer + prompt_of(7, 9)[1:]
+    assert len(answer) > 2 * WIDEN_ROWS
+
+    def generated_then_interrupted():
+        engine.forget()
+        engine.generate(first, 3 * WIDEN_ROWS, GREEDY)
+        asked = []
+        assert engine.widen(lambda: asked.append(1) or len(asked) > 1) == WIDEN_ROWS   # a request after 1 ubatch
+        assert len(engine.held_tokens) == WIDEN_ROWS and all(engine.target.wide)
+
+    generated_then_interrupted()
+    k = engine.keep_prefix(follow)
+    assert k == WIDEN_ROWS
+    warm_logits = engine.target.prefill(follow[k:], None)
+    engine.forget()
+    assert np.array_equal(warm_logits, engine.target.prefill(follow, None))
+    expected = cold(engine, follow, 24)
+    generated_then_interrupted()
+    assert warm(engine, follow, 24) == (WIDEN_ROWS, expected)
+    engine.forget()
+    engine.generate(first, 8, GREEDY)
+    assert engine.widen(lambda: True) == 0 and not all(engine.target.wide)   # a request already waits: untouched
 
 
 def test_a_shorter_common_prefix_is_cut_back(engine):

@@ -121,3 +121,42 @@ def test_slot_files_round_trip_and_name_their_engine(engine, tmp_path):
     with pytest.raises(SlotFileError) as e:
         no_dir.save_slot("x.bin")
     assert e.value.http_status == 501
+
+
+def test_a_follow_up_queued_behind_its_answer_does_not_wait_for_the_re_decode(tmp_path):
+    """A follow-up sent at once: the worker's re-decode of the answer (EngineWorker._settle) yields to the queued
+    request, which prefills what was not re-decoded, and answers exactly as a cold start (correctness; the time it
+    saves is measured in docs/serve.md). Broken variant caught: settle not told that a request waits (the whole
+    answer is re-decoded first, and the follow-up reuses it: n_cached)."""
+    import asyncio
+
+    from dflash_gguf.engine.text import TextStream
+    from dflash_gguf.server.worker import END_EVENTS, EngineWorker, Job
+    eng = tiny_speculative_engine(tmp_path)
+    first = conversation(4, 60)
+    eng.forget()
+    answer = eng.generate(first, 200, GREEDY).tokens
+    follow = first + answer + [5, 6, 7]
+    expected = cold(eng, follow)
+    eng.forget()
+    worker = EngineWorker(lambda: eng, cache=CacheSettings()).start()       # closes the engine when it stops
+    assert worker.ready.wait(60)
+
+    async def both() -> list:
+        loop = asyncio.get_running_loop()
+        jobs = [Job(p, n, GREEDY, TextStream(eng.target_model.token_bytes), loop) for p, n in ((first, 200), (follow, 12))]
+        for job in jobs:                                   # the follow-up is queued while the first one generates
+            worker.submit(job)
+        ends = []
+        for job in jobs:
+            while (event := await job.events.get())[0] not in END_EVENTS:
+                pass
+            ends.append(event)
+        return ends
+
+    try:
+        (kind_a, a), (kind_b, b) = asyncio.run(both())
+    finally:
+        worker.stop()
+    assert (kind_a, kind_b) == ("done", "done") and a.tokens == answer
+    assert b.tokens == expected and b.n_cached < len(first) + len(answer) - WIDE_ROWS

@@ -98,7 +98,8 @@ def _measure(engine, settings, rows, options: BenchOptions, template_choice) -> 
     bench_prompts = prepare(rows, engine, template_choice)
     start = engine.measure_cost_curve()
     up = UpstreamSettings(options.tools_dir or default_tools_dir(), engine.drafter_model.path, engine.draft_max,
-                          settings.n_threads, settings.n_ctx, settings.n_gpu_layers)
+                          settings.n_threads, settings.n_ctx, settings.n_gpu_layers, settings.cache_type_k,
+                          settings.cache_type_v)
     load_before = os.getloadavg()
     with tqdm(total=len(bench_prompts) * len(chosen) * repeat, desc="bench", unit="run", file=sys.stderr) as bar:
         def progress(label: str) -> None:
@@ -113,7 +114,8 @@ def _measure(engine, settings, rows, options: BenchOptions, template_choice) -> 
         "per_category": {c: sum(p.category == c for p in bench_prompts)
                          for c in dict.fromkeys(p.category for p in bench_prompts)},
         "n_predict": n_predict, "repeat": repeat, "baselines": chosen, "threads": settings.n_threads,
-        "n_gpu_layers": settings.n_gpu_layers, "n_ctx": settings.n_ctx, "draft_max": engine.draft_max,
+        "n_gpu_layers": settings.n_gpu_layers, "n_ctx": settings.n_ctx,
+        "cache_type_k": settings.cache_type_k, "cache_type_v": settings.cache_type_v, "draft_max": engine.draft_max,
         "adaptive": settings.adaptive, "backend": engine.target_model.native.info.get("backend"),
         "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} cores)",
         "date": time.strftime("%Y-%m-%d %H:%M"), "missing": missing,
@@ -133,9 +135,8 @@ def _measure(engine, settings, rows, options: BenchOptions, template_choice) -> 
 
 def _upstream_commands(up, engine, n: int, chosen: list[str]) -> dict[str, str]:
     from .upstream import command
-    return {b: " ".join(command(up.tools, b, Path(engine.target_model.path), "PROMPT.txt", n, drafter=up.drafter,
-                                draft_max=up.draft_max, threads=up.threads, n_ctx=up.n_ctx,
-                                n_gpu_layers=up.n_gpu_layers))
+    return {b: " ".join(command(up.tools, b, Path(engine.target_model.path), "PROMPT.txt", n,
+                                **up.command_settings()))
             for b in chosen if b in ("upstream", "ngram")}
 
 

@@ -47,6 +47,12 @@ class UpstreamSettings:
     threads: int
     n_ctx: int
     n_gpu_layers: int
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+
+    def command_settings(self) -> dict:
+        """upstream.command's keyword arguments."""
+        return {k: v for k, v in self.__dict__.items() if k != "tools"}
 
 
 def run_ours(engine, p: BenchPrompt, n: int, repeat: int, baseline: str) -> tuple[Run, list[int]]:
@@ -71,8 +77,7 @@ def _generate(engine, tokens: list[int], n: int, baseline: str):
 def run_upstream(baseline: str, target: Path, p: BenchPrompt, n: int, repeat: int, up: UpstreamSettings,
                  plain_text: str | None) -> Run:
     from .upstream import run  # noqa: PLC0415
-    u = run(up.tools, baseline, target, p.text, n, drafter=up.drafter, draft_max=up.draft_max, threads=up.threads,
-            n_ctx=up.n_ctx, n_gpu_layers=up.n_gpu_layers)
+    u = run(up.tools, baseline, target, p.text, n, **up.command_settings())
     # upstream's last verify can accept drafts past -n, so its text may run on after ours: ours must appear whole
     same = None if plain_text is None else plain_text.rstrip() in u.output
     # upstream's decode loop also produces the first token (ours comes from the prefill)

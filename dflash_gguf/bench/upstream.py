@@ -51,17 +51,18 @@ def tools_dir() -> Path:
 
 
 def command(tools: Path, baseline: str, target: Path, prompt_file: str, n_generate: int, *, drafter: Path | None,
-            draft_max: int, threads: int, n_ctx: int, n_gpu_layers: int) -> list[str]:
+            draft_max: int, threads: int, n_ctx: int, n_gpu_layers: int, cache_type_k: str = "f16",
+            cache_type_v: str = "f16") -> list[str]:
     """The exact command line; n_generate is the total number of tokens to produce after the prompt."""
     # speculative-simple stops once it has produced more than -n tokens, i.e. -n + 1 of them
     cmd = [str(tools / TOOL), "-m", str(target), "-f", prompt_file, "--no-escape", "-n", str(max(n_generate - 1, 1)),
            "--temp", "0", "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-ngl", str(n_gpu_layers),
-           *SPEC_ARGS[baseline]]
+           "-ctk", cache_type_k, "-ctv", cache_type_v, *SPEC_ARGS[baseline]]
     if baseline == "upstream":
         if drafter is None:
             raise BaselineMissing("no drafter to give upstream's DFlash driver")
         cmd += ["-md", str(drafter), "-ngld", str(n_gpu_layers), "-td", str(threads), "-tbd", str(threads),
-                "--spec-draft-n-max", str(draft_max)]
+                "--spec-draft-n-max", str(draft_max), "-ctkd", cache_type_k, "-ctvd", cache_type_v]
     return cmd
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from ..settings import KV_CACHE_TYPES
 
 EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 LAYER_RE = re.compile(r"^blk\.(\d+)\.")
@@ -25,7 +26,7 @@ class ModelSizes:
     layer_bytes: list[int]           # non-expert bytes per layer
     expert_bytes: list[int]          # routed-expert bytes per layer
     output_bytes: int                # output head + final norm (on the GPU when ngl > n_layer)
-    kv_bytes_per_token: int          # all attention layers, K+V, F16
+    kv_bytes_per_token: int          # all attention layers, K+V, in the -ctk / -ctv types
 
     @property
     def total(self) -> int:
@@ -46,7 +47,7 @@ class FitPlan:
                 f"{self.free_bytes / MIB:.0f} MiB free (margin {self.margin_bytes / MIB:.0f} MiB)")
 
 
-def read_sizes(path: Path, n_ctx: int) -> ModelSizes:
+def read_sizes(path: Path, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16") -> ModelSizes:
     from ..gguf_check import parse_header  # noqa: PLC0415
 
     h = parse_header(path)            # validated: tensor byte sizes known, nothing loaded
@@ -73,7 +74,8 @@ def read_sizes(path: Path, n_ctx: int) -> ModelSizes:
     kv_heads = max(kv_heads) if isinstance(kv_heads, list) else int(kv_heads)
     head_k = int(key("attention.key_length", n_embd // n_head))
     head_v = int(key("attention.value_length", head_k))
-    kv_per_token = n_layer * kv_heads * (head_k + head_v) * 2
+    kv_per_token = round(n_layer * kv_heads * (head_k * KV_CACHE_TYPES[cache_type_k]
+                                                + head_v * KV_CACHE_TYPES[cache_type_v]))
     return ModelSizes(n_layer, layer, expert, output, kv_per_token)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..errors import RunFailure, SetupError, UserError
 from ..gguf_check import check_drafter, check_fits
@@ -79,12 +79,12 @@ class Engine:
             block = self.drafter_model.block_size() or 16
         self.draft_max = self._draft_max(block)
         ctx = ContextSettings(n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_batch, n_threads=s.n_threads,
-                              flash_attn=s.flash_attn)
+                              flash_attn=s.flash_attn, type_k=s.cache_type_k, type_v=s.cache_type_v)
         self.target = Target(self.target_model, ctx, taps=taps, max_verify=self.draft_max + 1)
         self.drafter = None
         if self.drafter_model is not None:
-            dctx = ContextSettings(n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_batch,
-                                   n_threads=s.n_threads, flash_attn=s.flash_attn)
+            dctx = ContextSettings(n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_batch, n_threads=s.n_threads,
+                                   flash_attn=s.flash_attn, type_k=s.cache_type_k, type_v=s.cache_type_v)
             window = s.draft_ctx if s.draft_ctx and s.draft_ctx < s.n_ctx else None
             self.drafter = open_drafter(self.drafter_model, self.target.ctx, dctx, self.target_model, window=window)
         self.cost: CostCurve | None = None
@@ -131,9 +131,10 @@ class Engine:
         if not free:
             print("fit: no GPU device in this build: everything stays on the CPU", file=sys.stderr)
             return replace(s, n_gpu_layers=0, n_cpu_moe=0, fit=False)
-        plan = plan_fit(read_sizes(target_path, s.n_ctx), read_sizes(drafter_path, s.n_ctx) if drafter_path else None,
-                        s.n_ctx, s.draft_ctx, free[s.main_gpu] if s.main_gpu < len(free) else free[0],
-                        margin_bytes=s.fit_target << 20)
+        kv = (s.cache_type_k, s.cache_type_v)
+        plan = plan_fit(read_sizes(target_path, s.n_ctx, *kv),
+                        read_sizes(drafter_path, s.n_ctx, *kv) if drafter_path else None, s.n_ctx, s.draft_ctx,
+                        free[s.main_gpu] if s.main_gpu < len(free) else free[0], margin_bytes=s.fit_target << 20)
         print(plan.describe(), file=sys.stderr)
         return replace(s, n_gpu_layers=plan.n_gpu_layers, n_cpu_moe=plan.n_cpu_moe, fit=False)
 
@@ -197,11 +198,12 @@ class Engine:
             return 0
         return prefix.keep_prefix(self.target, drafter, prompt)
 
-    def widen(self) -> int:
+    def widen(self, should_stop: Callable[[], bool] = lambda: False) -> int:
         """Re-decode the last generation's positions as a prefill would (engine/prefix.py), so that the next turn
-        reuses them exactly; returns how many were decoded again. Run it while idle, after the answer is out."""
+        reuses them exactly; returns how many were decoded again. Run it while idle, after the answer is out;
+        it stops early (the held sequence cut back to what it re-decoded) once `should_stop()` is true."""
         try:
-            return prefix.widen(self.target, self.drafter if self._drafter_in_step else None)
+            return prefix.widen(self.target, self.drafter if self._drafter_in_step else None, should_stop)
         except BaseException:
             self.forget()
             raise

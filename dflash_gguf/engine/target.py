@@ -19,6 +19,16 @@ FeatureSink = Callable[[np.ndarray, int], None]
 # So a position's KV depends on its tokens and on whether its ubatch was "wide": a reused prefix is exact
 # only where each position was computed as a prefill of the whole sequence from 0 would compute it.
 WIDE_ROWS = 64
+# The tiled kernel takes only F16 / F32 K and V of one type: with other KV cache types (-ctk q8_0 -ctv q8_0)
+# every ubatch width gives the same bits (measured: SmolLM2 Q4_1, 700 tokens as 512+188, 7x100, 16-row ubatches)
+TILED_KV_TYPES = ("f16", "f32")
+
+
+def width_invariant(settings: ContextSettings) -> bool:
+    """Whether the CPU computes a position's KV the same in a ubatch of any width (flash attention on, no tiled
+    kernel for these KV types)."""
+    k, v = settings.type_k or "f16", settings.type_v or "f16"
+    return settings.flash_attn != "off" and not (k == v and k in TILED_KV_TYPES)
 
 
 class ContextOverflow(UserError):
@@ -49,6 +59,7 @@ class Target:
         self.n_past = 0                  # positions held in the KV cache
         self.tokens: list[int] = []      # the token at each held position (a prompt cache compares against it)
         self.wide: list[bool] = []       # whether each held position was decoded in a ubatch of >= WIDE_ROWS
+        self.width_invariant = width_invariant(settings)   # then every position counts as wide
         self._checkpoint: bytes | None = None
         self._kept_rows: TapRows | None = None   # features of the rows a verify keeps, reused every step
         self._max_rows = max_verify + 1
@@ -81,8 +92,13 @@ class Target:
         del self.wide[n:]
         return True
 
+    def _is_wide(self, rows: int) -> bool:
+        return self.width_invariant or rows >= WIDE_ROWS
+
     def _cold_wide_end(self, n: int) -> int:
         """Positions below this are wide when n tokens are prefilled from position 0 in ubatches of n_batch."""
+        if self.width_invariant:
+            return n
         if self.n_batch < WIDE_ROWS:
             return 0
         tail = n - ((n - 1) // self.n_batch) * self.n_batch          # rows of the last ubatch
@@ -91,6 +107,8 @@ class Target:
     def reusable(self, k: int, n: int) -> int:
         """The longest prefix (<= k) of the held positions that a prefill of n tokens from 0 computes the same
         way, moved back so that what is left to decode before the narrow tail fills a wide ubatch."""
+        if self.width_invariant:
+            return k
         wide_end = self._cold_wide_end(n)
         k = min(k, next((i for i in range(min(k, self.n_past)) if self.wide[i] != (i < wide_end)), k))
         if 0 < wide_end - k < WIDE_ROWS:
@@ -134,7 +152,7 @@ class Target:
                 sink(self.ctx.get_taps(0, len(chunk)), self.n_past)
             self.n_past += len(chunk)
             self.tokens.extend(chunk)
-            self.wide.extend([size >= WIDE_ROWS] * size)
+            self.wide.extend([self._is_wide(size)] * size)
         return np.array(self.ctx.logits(-1))
 
     def decode_rows(self, tokens: Sequence[int]) -> np.ndarray:
@@ -149,7 +167,7 @@ class Target:
         self.ctx.decode(self.batch, "verify")
         self.n_past += len(tokens)
         self.tokens.extend(tokens)
-        self.wide.extend([len(tokens) >= WIDE_ROWS] * len(tokens))
+        self.wide.extend([self._is_wide(len(tokens))] * len(tokens))
         return self.ctx.logits_all(len(tokens))
 
     def time_verify(self, tokens: Sequence[int], clock: Callable[[], float] = time.perf_counter) -> float:
@@ -186,7 +204,7 @@ class Target:
                 self.ctx.decode(self.batch, "rollback replay")
                 self.n_past += len(replay)
                 self.tokens.extend(replay)
-                self.wide.extend([False] * len(replay))
+                self.wide.extend([self._is_wide(len(replay))] * len(replay))
             return
         if not self.ctx.seq_rm(start + n_keep, -1):
             raise RuntimeError(f"{self.model.path.name}: the memory refused to roll back {n_decoded - n_keep} "

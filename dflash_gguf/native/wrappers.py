@@ -229,8 +229,10 @@ class Context:
         self._other = other            # keeps the linked context alive
         self.ptr = L.llama_init_from_model(model.ptr, p)
         if not self.ptr:
+            kv = [f"{flag} {t}" for flag, t in (("-ctk", s.type_k), ("-ctv", s.type_v)) if t and t != "f16"]
+            hint = f", or choose other KV cache types than {' '.join(kv)} (llama.cpp's log says why)" if kv else ""
             raise ModelLoadError(f"{model.path}: could not create a llama context (n_ctx={s.n_ctx}); "
-                                 "lower -c/--ctx-size or free memory")
+                                 f"lower -c/--ctx-size or free memory{hint}")
         self.settings = s
         self.memory = L.llama_get_memory(self.ptr)
         self.n_ctx = L.llama_n_ctx(self.ptr)
@@ -465,7 +467,7 @@ class Batch:
 
 
 def _ggml_type(native: NativeLibrary, name: str) -> int:
-    types = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+    types = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
     try:
         return types[name.lower()]
     except KeyError:

@@ -35,6 +35,7 @@ def register(app, worker, config, read_json, not_ready, error, respond) -> None:
         e = engine()
         return {"default_generation_settings": slot_state(worker, e), "total_slots": 1,
                 "model_path": str(e.target_model.path), "model_alias": config.model_id,
+                "cache_type_k": e.settings.cache_type_k, "cache_type_v": e.settings.cache_type_v,
                 "chat_template": served_template(e, config.chat_template) or "", "chat_template_caps": {},
                 "modalities": {"vision": False, "audio": False}, "build_info": build_info(), "is_sleeping": False}
 

@@ -28,7 +28,7 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..engine.prefix import SequenceSnapshot, common_prefix
 from ..errors import UserError
@@ -109,9 +109,10 @@ class PromptCache:
             self.saved.popitem(last=False)
             self.n_evicted += 1
 
-    def settle(self) -> int:
-        """After a generation, while no request waits on it: make its positions reusable by the next turn."""
-        return self.engine.widen() if self.settings.enabled else 0
+    def settle(self, should_stop: Callable[[], bool] = lambda: False) -> int:
+        """After a generation: make its positions reusable by the next turn, until `should_stop()` says a request
+        waits (Engine.widen)."""
+        return self.engine.widen(should_stop) if self.settings.enabled else 0
 
     # -- slots on disk (llama-server's /slots/{id}?action=...) --------------------------------------
     def slot_path(self, filename: str) -> Path:

@@ -197,13 +197,20 @@ class EngineWorker:
         self._settle()
 
     def _settle(self) -> None:
-        """The answer is out: re-decode what the next turn would otherwise re-read (prompt_cache.settle)."""
+        """The answer is out: re-decode what the next turn would otherwise re-read (prompt_cache.settle), giving
+        way to the next request as soon as one is queued."""
         if self.cache is None:
             return
         try:
-            self.cache.settle()
+            self.cache.settle(self._request_waits)
         except Exception as e:  # noqa: BLE001 - the engine forgot its sequence; the next request starts cold
             print(f"dflash-gguf serve: keeping the conversation failed: {type(e).__name__}: {e}", file=sys.stderr)
+
+    def _request_waits(self) -> bool:
+        """A generation (or the stop) is queued. A slot action is not one: it waits for the re-decode, so that a
+        saved slot holds the whole conversation."""
+        with self._jobs.mutex:
+            return any(item is None or isinstance(item[0], Job) for item in self._jobs.queue)
 
     def _call(self, call: EngineCall) -> None:
         try:
@@ -249,8 +256,8 @@ def engine_identity(engine) -> dict:
     s = engine.settings
     files = {"target": engine.target_model.path, "drafter": getattr(engine.drafter_model, "path", None)}
     out = {k: None if p is None else f"{p.name}:{p.stat().st_size}" for k, p in files.items()}
-    return {**out, "n_ctx": s.n_ctx, "flash_attn": s.flash_attn, "cache_type_k": getattr(s, "cache_type_k", None),
-            "cache_type_v": getattr(s, "cache_type_v", None)}
+    return {**out, "n_ctx": s.n_ctx, "flash_attn": s.flash_attn, "cache_type_k": s.cache_type_k,
+            "cache_type_v": s.cache_type_v}
 
 
 def _on_tokens(job: Job):

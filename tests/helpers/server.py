@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Callable
 
 from dflash_gguf.engine.loop import GenerationResult
+from dflash_gguf.settings import EngineSettings
 
 # A Hermes/Qwen-style template: tools in the system turn, tool calls in history, and a thinking switch
 # (enable_thinking true opens the think block in the prompt, false closes an empty one, as Qwen3 does)
@@ -106,6 +107,7 @@ class FakeEngine:
         self.reply, self.step_s = reply, step_s
         self.target_model = FakeModel(template)
         self.target = SimpleNamespace(n_ctx=n_ctx)
+        self.settings = EngineSettings(n_ctx=n_ctx)
         self.prompts: list[str] = []
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
