@@ -249,8 +249,9 @@ class Engine:
         if backend == "cpu":            # DFLASH_CPU_ISA=avx2 on an AVX-512 machine times other kernels
             from ..native.cpu_kernels import CpuKernels  # noqa: PLC0415
             backend = f"cpu-{CpuKernels(self.target_model.native).isa}"
-        # the build (llama.cpp commit, patches and kernels): new kernels make a new curve
-        backend = f"{backend}|{self.target_model.native.lib_dir.name}"
+        # the build (llama.cpp commit, patches and kernels) and the KV types: either makes another curve
+        kv = f"kv-{self.settings.cache_type_k}-{self.settings.cache_type_v}"
+        backend = f"{backend}|{self.target_model.native.lib_dir.name}|{kv}"
         key = CostCache.key(self.target_model.path, backend, self.settings.n_threads, self.settings.n_gpu_layers,
                             self.drafter_model.path if self.drafter_model else None)
         curve = cache.get(key)
