@@ -101,14 +101,18 @@ struct K4Packed {
     KRowScales rs;
 };
 
-// get_scale_min_k4 for all 8 groups of one row
-DFLASH_INLINE void scales_mins(const uint8_t * s, uint8_t (&sc)[GROUPS], uint8_t (&m)[GROUPS]) {
-    for (int g = 0; g < 4; ++g) {
-        sc[g] = s[g] & 63;
-        m[g] = s[g + 4] & 63;
-        sc[g + 4] = (uint8_t) ((s[g + 8] & 0x0F) | ((s[g] >> 6) << 4));
-        m[g + 4] = (uint8_t) ((s[g + 8] >> 4) | ((s[g + 4] >> 6) << 4));
-    }
+// get_scale_min_k4 for all 8 groups of one row, as ggml's vec_dot unpacks them: bytes 0..7 the scales,
+// bytes 8..15 the mins
+DFLASH_INLINE __m128i scales_mins(const uint8_t * s) {
+    uint32_t u[4];
+    memcpy(u, s, 12);
+    const uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
+    u[3] = ((u[2] >> 4) & four) | (((u[1] >> 6) & two) << 4);
+    const uint32_t mins_lo = u[1] & six;
+    u[1] = (u[2] & four) | (((u[0] >> 6) & two) << 4);
+    u[2] = mins_lo;
+    u[0] &= six;
+    return _mm_loadu_si128((const __m128i *) u);
 }
 
 template <typename Row>
@@ -171,7 +175,7 @@ struct K4Format {
     using RowScales = KRowScales;
     static constexpr bool TILED = true;
     static constexpr bool ROW_MAJOR = true;
-    static constexpr int64_t ROWWISE_MAX = 1;
+    static constexpr int64_t ROWWISE_MAX = 3;   // measured: row-major wins up to 3 columns
 
     static KScale column_scale(const block_q8_K & y) { return q8_k_column_scale(y); }
     static DFLASH_INLINE KRowScales row_scales(const Block * (&r)[TILE_ROWS]) { return k_row_scales(r); }
@@ -194,12 +198,14 @@ struct K4Format {
     template <int RN>
     static DFLASH_INLINE void row_sums(const Block & x, const int8_t * const (&p)[RN], const KScale * const (&c)[RN],
                                        int32_t (&isum)[RN], int32_t (&msum)[RN]) {
-        uint8_t sc[GROUPS], m[GROUPS];
-        scales_mins(x.scales, sc, m);
-        const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *) m));
+        const __m128i sm = scales_mins(x.scales);
+        const __m128i m16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm));
         for (int j = 0; j < RN; ++j) {
             msum[j] = hsum_i32_128(_mm_madd_epi16(m16, _mm_loadu_si128((const __m128i *) c[j]->s16)));
         }
+        // each group's scale in every lane, as int32 (VNNI) and as int16 in both halves of a lane (AVX2)
+        const __m256i sc32 = _mm256_cvtepu8_epi32(sm);
+        const __m256i sc32x2 = _mm256_or_si256(sc32, _mm256_slli_epi32(sc32, 16));
         const __m256i low4 = _mm256_set1_epi8(0x0F);
         __m256i acc[RN];
         for (int j = 0; j < RN; ++j) {
@@ -211,8 +217,11 @@ struct K4Format {
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4);
             Self::add_fifth_bits(x, 2 * k, lo, hi);
             const int g = 2 * k;
-            const __m256i sc_lo32 = _mm256_set1_epi32(sc[g]), sc_hi32 = _mm256_set1_epi32(sc[g + 1]);
-            const __m256i sc_lo16 = _mm256_set1_epi16(sc[g]), sc_hi16 = _mm256_set1_epi16(sc[g + 1]);
+            const __m256i pick_lo = _mm256_set1_epi32(g), pick_hi = _mm256_set1_epi32(g + 1);
+            const __m256i sc_lo32 = _mm256_permutevar8x32_epi32(sc32, pick_lo);
+            const __m256i sc_hi32 = _mm256_permutevar8x32_epi32(sc32, pick_hi);
+            const __m256i sc_lo16 = _mm256_permutevar8x32_epi32(sc32x2, pick_lo);
+            const __m256i sc_hi16 = _mm256_permutevar8x32_epi32(sc32x2, pick_hi);
             for (int j = 0; j < RN; ++j) {
                 acc[j] = _mm256_add_epi32(acc[j], scaled_dot32(lo, p[j] + 32 * g, sc_lo32, sc_lo16));
                 acc[j] = _mm256_add_epi32(acc[j], scaled_dot32(hi, p[j] + 32 * g + 32, sc_hi32, sc_hi16));
@@ -287,7 +296,7 @@ struct Q6_K {
     using RowScales = KRowScales;
     static constexpr bool TILED = true;
     static constexpr bool ROW_MAJOR = true;
-    static constexpr int64_t ROWWISE_MAX = 1;
+    static constexpr int64_t ROWWISE_MAX = 4;   // measured: the transposed unpack of 6-bit quants costs more
 
     static KScale column_scale(const block_q8_K & y) { return q8_k_column_scale(y); }
     static DFLASH_INLINE KRowScales row_scales(const block_q6_K * (&r)[TILE_ROWS]) {

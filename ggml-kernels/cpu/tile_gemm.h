@@ -69,7 +69,8 @@ constexpr int TILE_ROWS = 8;   // one weight row per float lane of a __m256
 constexpr int DIRECT_MAX = DFLASH_CPU_GEMM_DIRECT_MAX;
 constexpr int PACKED_RN = DFLASH_CPU_GEMM_PACKED_RN;
 constexpr int ROW_RN = 4;      // columns per row-wise pass (the tile's rows stay in L1 between passes)
-constexpr int ROW_PREFETCH_BLOCKS = 4;   // row-major formats: blocks fetched ahead in the weight stream
+constexpr int ROW_MAJOR_RN = 4;   // the same for row-major formats (one weight row in registers at a time)
+constexpr int ROW_PREFETCH_BLOCKS = 8;   // row-major formats: blocks fetched ahead in the weight stream
 constexpr int MAX_RN = DIRECT_MAX > PACKED_RN ? DIRECT_MAX : PACKED_RN;
 
 DFLASH_INLINE uint32_t load_u32(const void * p) {
@@ -439,16 +440,20 @@ void tile_columns(int rn, bool rowwise, const Tile & t, const typename Format::P
                   const Activations<Format> & a, int64_t j0, __m256 * acc) {
     if constexpr (Format::ROWWISE_MAX > 0) {
         if (rowwise) {
-            GGML_ASSERT(rn <= ROW_RN);
             if constexpr (Format::ROW_MAJOR) {
                 switch (rn) {
                     case 1: tile_row_major<Format, 1>(t, n_blocks, a, j0, acc); return;
                     case 2: tile_row_major<Format, 2>(t, n_blocks, a, j0, acc); return;
                     case 3: tile_row_major<Format, 3>(t, n_blocks, a, j0, acc); return;
                     case 4: tile_row_major<Format, 4>(t, n_blocks, a, j0, acc); return;
+                    case 5: tile_row_major<Format, 5>(t, n_blocks, a, j0, acc); return;
+                    case 6: tile_row_major<Format, 6>(t, n_blocks, a, j0, acc); return;
+                    case 7: tile_row_major<Format, 7>(t, n_blocks, a, j0, acc); return;
+                    case 8: tile_row_major<Format, 8>(t, n_blocks, a, j0, acc); return;
                     default: break;
                 }
             } else {
+                GGML_ASSERT(rn <= ROW_RN);
                 switch (rn) {
                     case 1: tile_rows<Format, 1>(t, n_blocks, a, j0, acc); return;
                     case 2: tile_rows<Format, 2>(t, n_blocks, a, j0, acc); return;
@@ -537,7 +542,7 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
         char * raw = grow(scratch.packed, (size_t) n_blocks * sizeof(Packed) + 32);
         packed = (Packed *) (raw + ((32 - ((uintptr_t) raw & 31)) & 31));
     }
-    const int pass = rowwise ? ROW_RN : packed ? PACKED_RN : DIRECT_MAX;
+    const int pass = rowwise ? (Format::ROW_MAJOR ? ROW_MAJOR_RN : ROW_RN) : packed ? PACKED_RN : DIRECT_MAX;
     const size_t row_data = n_blocks * sizeof(typename Format::Block);
 
     for (int64_t t = tile0; t < tile1; ++t) {
