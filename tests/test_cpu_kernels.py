@@ -168,13 +168,16 @@ def test_isa_none_is_ggmls_own_path(native, kernels, weight_type):
     probe.close()
 
 
-UNCOVERED = ["q4_0", "q5_0", "q4_k", "q5_k", "q6_k"]     # tinyBLAS (q4_0, q5_0) or vec_dot (K-quants) in stock ggml
+# Types our kernels do not cover: ggml's own paths, kept width-independent by patches/0010 (tinyBLAS for Q5_1,
+# IQ4_NL, BF16; the tiled K-quant matmul for Q2_K / Q3_K / IQ4_XS; the repacked 4-column gemm for IQ4_NL, Q2_K)
+UNCOVERED = ["q5_1", "q2_k", "q3_k", "iq4_nl", "iq4_xs", "bf16"]
 
 
 @pytest.mark.parametrize("weight_type", UNCOVERED)
 def test_types_our_kernels_do_not_cover_stay_batch_invariant(native, kernels, weight_type):
-    """ggml's tinyBLAS sums in an order that depends on the width; with batch invariance on, these types take
-    vec_dot per (row, column) for every width: column j of a B-column product equals that column alone."""
+    """ggml's tinyBLAS, tiled and repacked paths sum in an order that depends on the width; with batch invariance on,
+    these types take vec_dot (or the one-column gemv) for every width: column j of a B-column product equals that
+    column alone (fails without patches/0010's fallbacks)."""
     from gguf import GGMLQuantizationType
     assert kernels.batch_invariant
     n_rows, k = 40, 512
