@@ -86,3 +86,33 @@ def test_a_requested_backend_that_is_not_built_says_how_to_build_it(monkeypatch)
     monkeypatch.setenv("DFLASH_GGUF_BACKEND", "metal")
     with pytest.raises(lib.NativeLibraryError, match=r"metal build .* `dflash-gguf build --backend metal`"):
         lib.find_lib_dir()
+
+
+def test_tools_asked_for_after_the_libraries_build_in_the_libraries_folder(tmp_path, monkeypatch):
+    """Tools built after the libraries reuse the libraries' CMake build folder (its ggml objects are up to date:
+    only common/ and the tools compile), build only the tools asked for, and install those plus the ones
+    installed before, never a stale executable another build left in the shared folder. Broken variant: a tools
+    build folder of its own compiled ggml (ggml-cuda: 144 objects, ~20 min) a second time."""
+    monkeypatch.setenv("DFLASH_GGUF_CACHE", str(tmp_path / "cache"))
+    configured, built = [], []
+    monkeypatch.setattr(nb, "configure", lambda inputs, backend, arch, tools, bdir: configured.append((bdir, tools)))
+
+    def cmake(cmd, what, todo):
+        if what == "build":
+            bin_dir = Path(cmd[cmd.index("--build") + 1]) / "bin"
+            bin_dir.mkdir(parents=True, exist_ok=True)
+            targets = cmd[cmd.index("--target") + 1:]
+            built.append(targets)
+            for t in targets:
+                (bin_dir / (f"lib{t}.so" if t == "llama" else t)).write_text(f"{t} of build {len(built)}")
+    monkeypatch.setattr(nb, "_run", cmake)
+    out = nb.build("cpu", root=ROOT)
+    (nb.build_dir("cpu") / "bin" / "llama-server").write_text("left by a build of other sources")
+    nb.build("cpu", tools=["llama-bench"], root=ROOT)
+    nb.build("cpu", tools=["llama-speculative-simple", "llama-bench"], root=ROOT)
+    assert [bdir for bdir, _ in configured] == [nb.build_dir("cpu")] * 3
+    assert [tools for _, tools in configured] == [False, True, True]
+    assert built == [["llama"], ["llama-bench"], ["llama-speculative-simple"]]
+    installed = sorted(p.name for p in (out / "tools").iterdir())
+    assert installed == ["build.json", "libllama.so", "llama-bench", "llama-speculative-simple"]
+    assert (out / "tools" / "llama-bench").read_text() == "llama-bench of build 2"

@@ -339,8 +339,10 @@ def build(backend: str | None = None, jobs: int | None = None, tools: bool | lis
     """Build (or reuse) the patched libraries; return the folder to use as LLAMA_CPP_LIB_PATH.
 
     With tools=True also build upstream's llama-server / llama-speculative-simple / llama-bench /
-    ggml-rpc-server (or the listed ones) from the same patched tree, in their own build folder, into
-    <lib dir>/tools (the libraries are not touched).
+    ggml-rpc-server (or the listed ones) from the same patched tree into <lib dir>/tools (the libraries there
+    are not touched). They are built in the libraries' own build folder, so tools asked for after the
+    libraries compile only their own objects (common/, tools/), not ggml again (ggml-cuda: half an hour on
+    2 cores).
     """
     backend = backend or default_backend()
     if backend not in BACKENDS:
@@ -371,9 +373,14 @@ def configure(inputs: SourceInputs, backend: str, cuda_arch: str | None, tools: 
          "configure", _failure_hint(backend, bdir))
 
 
+def build_dir(backend: str) -> Path:
+    """The one CMake build folder of a backend, for its libraries and its tools alike."""
+    return native_root() / f"build-{backend}"
+
+
 def _cmake_build(inputs: SourceInputs, backend: str, jobs: int | None, cuda_arch: str | None, tools: bool,
                  targets: list[str]) -> Path:
-    bdir = native_root() / (f"build-{backend}-tools" if tools else f"build-{backend}")
+    bdir = build_dir(backend)
     configure(inputs, backend, cuda_arch, tools, bdir)
     _run(["cmake", "--build", str(bdir), "-j", str(jobs or os.cpu_count() or 2), "--target", *targets], "build",
          _failure_hint(backend, bdir))
@@ -407,7 +414,7 @@ def _build_libs(inputs: SourceInputs, key: str, backend: str, jobs, cuda_arch, o
     bin_dir = _cmake_build(inputs, backend, jobs, cuda_arch, bool(tools), LIB_TARGETS + list(tools))
     _install_dir(_shared_libs(bin_dir), out, _build_info(inputs, key, backend, time.time() - t0))
     if tools:
-        _install_tools(inputs, backend, bin_dir, out, time.time() - t0)
+        _install_tools(inputs, backend, bin_dir, out, list(tools), time.time() - t0)
     (native_root() / "current").write_text(str(out))
     for old in out.parent.glob(f"*-{backend}"):   # builds of earlier patch sets are stale for good
         if old != out:
@@ -418,15 +425,21 @@ def _build_libs(inputs: SourceInputs, key: str, backend: str, jobs, cuda_arch, o
 def _build_tools(inputs: SourceInputs, backend: str, jobs, cuda_arch, out: Path, targets: list[str]) -> None:
     t0 = time.time()
     bin_dir = _cmake_build(inputs, backend, jobs, cuda_arch, True, targets)
-    _install_tools(inputs, backend, bin_dir, out, time.time() - t0)
+    _install_tools(inputs, backend, bin_dir, out, targets, time.time() - t0)
 
 
-def _install_tools(inputs: SourceInputs, backend: str, bin_dir: Path, out: Path, seconds: float) -> None:
-    built = sorted({t for t in TOOL_TARGETS if (bin_dir / t).exists()})
-    exes = [bin_dir / t for t in built]
+def _install_tools(inputs: SourceInputs, backend: str, bin_dir: Path, out: Path, targets: list[str],
+                   seconds: float) -> None:
+    """The tools just built, beside the libraries of that build (their rpath is $ORIGIN), into out/tools, keeping
+    the tools installed there before. Only the targets of this build: the shared build folder may hold a tool
+    built earlier from other sources."""
+    dest = out / "tools"
+    kept = [dest / t for t in TOOL_TARGETS if t not in targets and (dest / t).is_file()]
+    exes = [bin_dir / t for t in targets] + kept
+    built = sorted(e.name for e in exes)
     info = _build_info(inputs, out.name, backend, seconds) | {"tools": built}
-    _install_dir(_shared_libs(bin_dir) + exes, out / "tools", info)
-    _log(f"built tools {', '.join(built)} in {seconds:.0f} s -> {out / 'tools'}")
+    _install_dir(_shared_libs(bin_dir) + exes, dest, info)
+    _log(f"built tools {', '.join(targets)} in {seconds:.0f} s -> {dest} (installed: {', '.join(built)})")
 
 
 def tool_path(name: str, backend: str | None = None) -> Path:

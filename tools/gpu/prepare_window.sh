@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a GPU window needs, made and checked on the CPU machine (tools/gpu/README.md), in one command:
-#   1. the CUDA build for $DFLASH_GGUF_CUDA_ARCH (default 90, H100) with the window's tools; no GPU and no CUDA
+#   1. the CUDA build for $DFLASH_GGUF_CUDA_ARCH (default 90: H100, H200) with the window's tools; no GPU and no CUDA
 #      toolkit needed (what is missing comes from the package index); cached, so a second run takes seconds
 #   2. the sizes of its libraries, raw and as xz
 #   3. the bundle, .gpu-bundle/unit-N, with those libraries prebuilt
@@ -12,9 +12,14 @@ PY=.venv/bin/python
 ARCH=${DFLASH_GGUF_CUDA_ARCH:-90}
 DRY=${DRY:-$(mktemp -d)}
 t0=$(date +%s)
-lib=$(nice -n 10 "$PY" -c "import sys; from dflash_gguf.native.build import build
-print(build('cuda', tools=['llama-speculative-simple', 'llama-bench'], cuda_arch=sys.argv[1]))" "$ARCH" | tail -1)
+mkdir -p "$DRY"
+nice -n 10 "$PY" -c "import sys; from dflash_gguf.native.build import build
+print(build('cuda', tools=['llama-speculative-simple', 'llama-bench'], cuda_arch=sys.argv[1]))" "$ARCH" 2>&1 \
+    | tee "$DRY/build.log"
+lib=$(tail -1 "$DRY/build.log")
 echo "== CUDA build $lib: $(( $(date +%s) - t0 )) s in this run; build.json: $(grep -h '"seconds"' "$lib/build.json" "$lib/tools/build.json" | tr -d ' \n')"
+# ggml-cuda's objects compile once, with the libraries (144 from nothing, 0 when they were built before)
+echo "== CUDA objects compiled in this run: $(grep -c 'Building CUDA object' "$DRY/build.log" || true)"
 echo "== sizes (MiB raw / xz -6)"
 for f in "$lib"/*.so* "$lib"/tools/llama-speculative-simple "$lib"/tools/llama-bench; do
     printf '%-32s %7.1f %7.1f\n' "$(basename "$f")" "$(stat -c %s "$f" | awk '{print $1/1048576}')" \
