@@ -166,18 +166,25 @@ DFLASH_INLINE __m256i fifth_bit(__m256i h, int g) {
     return _mm256_and_si256(moved, _mm256_set1_epi8(0x10));
 }
 
-template <class Self, typename WeightBlock, int QMAX>
-struct K4Format {
+// What the K-quant formats share: Q8_K activations, the transposed tile, the row-major path up to ROWS columns
+template <typename WeightBlock, typename PackedBlocks, int64_t ROWS>
+struct KTraits {
     using Block = WeightBlock;
     using ActBlock = block_q8_K;
     using Scale = KScale;
-    using Packed = K4Packed;
+    using Packed = PackedBlocks;
     using RowScales = KRowScales;
     static constexpr bool TILED = true;
     static constexpr bool ROW_MAJOR = true;
-    static constexpr int64_t ROWWISE_MAX = 3;   // measured: row-major wins up to 3 columns
+    static constexpr int64_t ROWWISE_MAX = ROWS;
 
     static KScale column_scale(const block_q8_K & y) { return q8_k_column_scale(y); }
+};
+
+// measured (lab/cpu_matmul_cost.py): row-major wins up to 3 columns of Q4_K / Q5_K
+template <class Self, typename WeightBlock, int QMAX>
+struct K4Format : KTraits<WeightBlock, K4Packed, 3> {
+    using Block = WeightBlock;
     static DFLASH_INLINE KRowScales row_scales(const Block * (&r)[TILE_ROWS]) { return k_row_scales(r); }
     static DFLASH_INLINE __m256 finish(__m256i isum, __m256i msum, const KRowScales & rs, const KScale & c, __m256 acc) {
         return finish_k<true>(isum, msum, rs, c, acc);
@@ -288,17 +295,8 @@ DFLASH_INLINE __m256i q6_group(__m256i l, __m256i h, int t) {
     return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
 }
 
-struct Q6_K {
-    using Block = block_q6_K;
-    using ActBlock = block_q8_K;
-    using Scale = KScale;
-    using Packed = K6Packed;
-    using RowScales = KRowScales;
-    static constexpr bool TILED = true;
-    static constexpr bool ROW_MAJOR = true;
-    static constexpr int64_t ROWWISE_MAX = 4;   // measured: the transposed unpack of 6-bit quants costs more
-
-    static KScale column_scale(const block_q8_K & y) { return q8_k_column_scale(y); }
+// measured: up to 4 columns of Q6_K, whose transposed unpack (6-bit quants from two places) costs more
+struct Q6_K : KTraits<block_q6_K, K6Packed, 4> {
     static DFLASH_INLINE KRowScales row_scales(const block_q6_K * (&r)[TILE_ROWS]) {
         return KRowScales{load_lanes_f16(r, offsetof(block_q6_K, d)), _mm256_setzero_ps()};
     }
@@ -388,30 +386,11 @@ struct Q6_K {
 
 }  // namespace
 
-#define DFLASH_CPU_KQUANT_ENTRY(name, Format)                                                                     \
-    bool name(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,             \
-              const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth) {                   \
-        tile_gemm<Format>(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);         \
-        return true;                                                                                          \
-    }
-DFLASH_CPU_KQUANT_ENTRY(gemm_q4_k, Q4_K)
-DFLASH_CPU_KQUANT_ENTRY(gemm_q5_k, Q5_K)
-DFLASH_CPU_KQUANT_ENTRY(gemm_q6_k, Q6_K)
-#undef DFLASH_CPU_KQUANT_ENTRY
+#endif  // DFLASH_CPU_GEMM_X86
 
-#else
-
-bool gemm_q4_k(int64_t, int64_t, int64_t, const void *, size_t, const void *, size_t, float *, int64_t, int, int) {
-    return false;
-}
-bool gemm_q5_k(int64_t, int64_t, int64_t, const void *, size_t, const void *, size_t, float *, int64_t, int, int) {
-    return false;
-}
-bool gemm_q6_k(int64_t, int64_t, int64_t, const void *, size_t, const void *, size_t, float *, int64_t, int, int) {
-    return false;
-}
-
-#endif
+DFLASH_CPU_GEMM_ENTRY(gemm_q4_k, Q4_K)
+DFLASH_CPU_GEMM_ENTRY(gemm_q5_k, Q5_K)
+DFLASH_CPU_GEMM_ENTRY(gemm_q6_k, Q6_K)
 
 }  // namespace DFLASH_CPU_VARIANT
 }  // namespace dflash_cpu

@@ -74,29 +74,10 @@ struct Q5_0 : Offset32<Q5_0, block_q5_0, 31, 16> {
 
 }  // namespace
 
-bool gemm_q4_0(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,
-               const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth) {
-    tile_gemm<Q4_0>(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);
-    return true;
-}
+#endif  // DFLASH_CPU_GEMM_X86
 
-bool gemm_q5_0(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,
-               const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth) {
-    tile_gemm<Q5_0>(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);
-    return true;
-}
-
-#else
-
-bool gemm_q4_0(int64_t, int64_t, int64_t, const void *, size_t, const void *, size_t, float *, int64_t, int, int) {
-    return false;
-}
-
-bool gemm_q5_0(int64_t, int64_t, int64_t, const void *, size_t, const void *, size_t, float *, int64_t, int, int) {
-    return false;
-}
-
-#endif
+DFLASH_CPU_GEMM_ENTRY(gemm_q4_0, Q4_0)
+DFLASH_CPU_GEMM_ENTRY(gemm_q5_0, Q5_0)
 
 }  // namespace DFLASH_CPU_VARIANT
 }  // namespace dflash_cpu

@@ -102,19 +102,9 @@ struct Q8_0 {
 
 }  // namespace
 
-bool gemm_q8_0(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,
-               const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth) {
-    tile_gemm<Q8_0>(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);
-    return true;
-}
+#endif  // DFLASH_CPU_GEMM_X86
 
-#else
-
-bool gemm_q8_0(int64_t, int64_t, int64_t, const void *, size_t, const void *, size_t, float *, int64_t, int, int) {
-    return false;
-}
-
-#endif
+DFLASH_CPU_GEMM_ENTRY(gemm_q8_0, Q8_0)
 
 }  // namespace DFLASH_CPU_VARIANT
 }  // namespace dflash_cpu

@@ -590,3 +590,19 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
 
 }  // namespace DFLASH_CPU_VARIANT
 }  // namespace dflash_cpu
+
+// One entry point of isa.h (inside namespace dflash_cpu::DFLASH_CPU_VARIANT): the whole product for Format, or
+// false where this variant has no x86 kernels (Format is then not defined and not named)
+#if DFLASH_CPU_GEMM_X86
+#define DFLASH_CPU_GEMM_ENTRY(name, Format)                                                                       \
+    bool name(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,             \
+              const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth) {                   \
+        tile_gemm<Format>(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);         \
+        return true;                                                                                          \
+    }
+#else
+#define DFLASH_CPU_GEMM_ENTRY(name, Format)                                                                       \
+    bool name(int64_t, int64_t, int64_t, const void *, size_t, const void *, size_t, float *, int64_t, int, int) { \
+        return false;                                                                                         \
+    }
+#endif
