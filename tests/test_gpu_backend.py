@@ -94,12 +94,13 @@ def test_greedy_speculative_equals_plain_on_device(tmp_path, dtype):
     target = Target(Model(path, n_gpu_layers=ALL_LAYERS), SETTINGS, taps=[1, 2], max_verify=8)
     plain = SpecDecoder(target, None, DraftLengthPolicy(1, adaptive=False))
     near_ties, accepted, rejected = 0, 0, 0
-    for i, prompt in enumerate(_prompts(target.model.n_vocab, 12)):
-        ref = _generate(plain, prompt, 96).tokens
+    # 6 prompts of 48 tokens: ~10 verify steps each, every one with accepted and rejected slots to roll back
+    for i, prompt in enumerate(_prompts(target.model.n_vocab, 6)):
+        ref = _generate(plain, prompt, 48).tokens
         oracle = OracleDrafter(prompt + ref, target.model.n_vocab, corrupt=0.3, seed=i, taps=[1, 2])
         spec = SpecDecoder(target, oracle, DraftLengthPolicy(7, adaptive=False))
         spec.debug_check_positions = True          # target and drafter positions agree after every step
-        res = _generate(spec, prompt, 96)
+        res = _generate(spec, prompt, 48)
         accepted += res.n_accepted
         rejected += res.n_drafted - res.n_accepted
         near_ties += _divergence(target, prompt, ref, res.tokens, dtype)
@@ -109,9 +110,9 @@ def test_greedy_speculative_equals_plain_on_device(tmp_path, dtype):
     drafter = DFlashSource(Model(draft, n_gpu_layers=ALL_LAYERS), target.ctx, SETTINGS, target.model)
     spec = SpecDecoder(target, drafter, DraftLengthPolicy(7, adaptive=False))
     spec.debug_check_positions = True
-    for prompt in _prompts(target.model.n_vocab, 4):
-        ref = _generate(plain, prompt, 64).tokens
-        near_ties += _divergence(target, prompt, ref, _generate(spec, prompt, 64).tokens, dtype)
+    for prompt in _prompts(target.model.n_vocab, 2):
+        ref = _generate(plain, prompt, 48).tokens
+        near_ties += _divergence(target, prompt, ref, _generate(spec, prompt, 48).tokens, dtype)
     assert near_ties <= 2 and accepted > 0 and rejected > 0
     drafter.close()
     target.close()
@@ -138,10 +139,14 @@ def test_rejection_sampling_distribution_on_device(tmp_path):
     prompt = [1, 4, 9, 6]
     expected = exact_second_token_marginal(target, prompt, sampling)     # from the GPU target's own logits
     counts = np.zeros_like(expected)
-    for seed in range(2500):
+    for seed in range(1200):
         oracle = OracleDrafter([0] * 8 + list(range(3, 16)), 16, corrupt=0.3, seed=seed, boost=2.0, noise=0.5)
         spec = SpecDecoder(target, oracle, DraftLengthPolicy(3, adaptive=False), t_mode="rejection")
-        res = spec.generate(prompt, 5, SamplingParams(1.0, 12, seed=seed), stop_tokens=lambda t: False)
+        # emissions: the prefill's token, then the first verify step's (3 drafted slots), which draws tokens[1];
+        # stop there: later steps cannot change it
+        steps: list[list[int]] = []
+        res = spec.generate(prompt, 5, SamplingParams(1.0, 12, seed=seed), stop_tokens=lambda t: False,
+                            on_tokens=lambda chunk: steps.append(chunk) or len(steps) < 2)
         assert res.n_drafted > 0
         counts[res.tokens[1]] += 1
     assert _chi_square_pvalue(counts, expected) > 0.01

@@ -74,12 +74,13 @@ def test_greedy_equals_plain_for_every_placement(tiny, n_gpu_layers, drafter_on)
     draft_model = Model(drafter_path, n_gpu_layers=ALL_LAYERS if drafter_on == "device" else 0)
     drafter = DFlashSource(draft_model, target.ctx, SETTINGS, target.model)
     accepted = rejected = ties = 0
-    for i, prompt in enumerate(_prompts(target.model.n_vocab, 5)):
-        ref = _greedy(plain, prompt, 48).tokens
+    # 3 prompts of 32 tokens: ~6 verify steps per prompt and source, with accepted and rejected slots
+    for i, prompt in enumerate(_prompts(target.model.n_vocab, 3)):
+        ref = _greedy(plain, prompt, 32).tokens
         for source in (OracleDrafter(prompt + ref, target.model.n_vocab, corrupt=0.3, seed=i, taps=[1, 2]), drafter):
             spec = SpecDecoder(target, source, DraftLengthPolicy(7, adaptive=False))
             spec.debug_check_positions = True
-            res = _greedy(spec, prompt, 48)
+            res = _greedy(spec, prompt, 32)
             gap = near_tie_gap(target, prompt, ref, res.tokens)
             assert gap is None or gap < NEAR_TIE, (f"prompt {i}: {type(source).__name__} on {drafter_on}, "
                                                    f"-ngl {n_gpu_layers}: diverged with logit gap {gap}")
@@ -92,15 +93,16 @@ def test_greedy_equals_plain_for_every_placement(tiny, n_gpu_layers, drafter_on)
     target.close()
 
 
-@pytest.mark.parametrize("adaptive", [True, False])
-def test_engine_on_device_equals_plain(tiny, adaptive):
-    """The whole engine with -ngl 99; adaptive on runs the verify-cost calibration on the device first (the
-    batches 8, 1, 2, 3, ... that crashed lavapipe in ggml-vulkan's fused mat-vec + add: patches/0008)."""
+def test_engine_on_device_equals_plain(tiny):
+    """The whole engine with -ngl 99, adaptive: the verify-cost calibration runs on the device first (the
+    batches 8, 1, 2, 3, ... that crashed lavapipe in ggml-vulkan's fused mat-vec + add: patches/0008), then
+    draft lengths vary. (A fixed draft length is the same engine path minus both; the placement test above
+    runs fixed lengths on the device.)"""
     target_path, drafter_path = tiny
     engine = Engine(EngineSettings(target=target_path, drafter=drafter_path, n_ctx=512, n_gpu_layers=ALL_LAYERS,
-                                   adaptive=adaptive, n_threads=2))
+                                   adaptive=True, n_threads=2))
     try:
-        assert (engine.cost is not None) == adaptive
+        assert engine.cost is not None
         for prompt in _prompts(engine.target_model.n_vocab, 3, seed=11):
             spec = engine.generate(prompt, 40, speculative=True)
             plain = engine.generate(prompt, 40, speculative=False)
