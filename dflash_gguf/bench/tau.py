@@ -107,6 +107,8 @@ def run_tau(settings, options, template_choice=None) -> dict:
 
 def measure_tau(drafter: Path, target: Path, prompts: list[dict], max_tokens: int = 128,
                 n_threads: int = 0, template: str | None = None) -> TauReport:
+    """τ over `prompts`: rows of a prompt file (formatted with `template` as in training), or rows whose
+    `tokens` are the prompt as the target reads it."""
     from ..textgen.prompting import format_prompt  # noqa: PLC0415
     from ..train.acceptance import Walk  # noqa: PLC0415
 
@@ -119,7 +121,8 @@ def measure_tau(drafter: Path, target: Path, prompts: list[dict], max_tokens: in
     try:
         for row in prompts:
             cat = row.get("category", "chat")
-            prompt = format_prompt(probe.target, row, template)[: n_ctx // 2]
+            # a row may carry its tokens already (a recorded request, rendered as it was served)
+            prompt = list(row["tokens"] if "tokens" in row else format_prompt(probe.target, row, template))[: n_ctx // 2]
             seq, feats = probe.continuation(prompt, min(max_tokens, n_ctx - len(prompt) - block))
             p, n_calls = len(prompt), 0                                # seq[p]: the newest token, not yet verified
             while p < len(seq) - 1:
