@@ -32,8 +32,8 @@ class AdaptSettings:
     replay: float = 1.0             # replayed sequences of the original distribution per recorded one
     held_back: float = 0.1          # share of the recorded conversations kept out of training, for τ
     lr: float = 4e-4                # peak; warm-up and cosine run over the training part of the time box
-    eval_per_category: int = 10     # prompts per category of the general set
-    eval_held_back: int = 30        # most held-back conversations measured
+    eval_per_category: int = 5      # prompts per category of the general set
+    eval_held_back: int = 20        # most held-back conversations measured
     eval_tokens: int = 128
     seed: int = 0
     threads: int = 0
@@ -151,15 +151,30 @@ def build_dataset(folder: Path, target: TargetFile, replay, n_replay: int, train
     return FeatureDataset(folder)
 
 
-def measure(drafter: Path, target: Path, held: list[Conversation], general_rows: list[dict],
-            s: AdaptSettings) -> dict:
-    """τ of `drafter` on the held-back conversations' prompts and on the general set (greedy, full blocks)."""
-    from ..bench.tau import measure_tau  # noqa: PLC0415
-    rows = [{"category": "held_back", "tokens": c.prompt} for c in held[:s.eval_held_back]]
-    own = measure_tau(drafter, target, rows, s.eval_tokens, s.threads)
-    general = measure_tau(drafter, target, general_rows, s.eval_tokens, s.threads)
-    return {"held_back": round(own.overall, 3), "general": round(general.overall, 3),
-            "general_by_category": {k: round(v, 3) for k, v in general.by_category.items()}}
+def eval_rows(held: list[Conversation], general: list[dict], s: AdaptSettings) -> list[dict]:
+    """The prompts τ is measured on: held-back requests (as the target read them) and the general set."""
+    return [{"category": "held_back", "id": c.shard.name, "tokens": c.prompt} for c in held[:s.eval_held_back]] + \
+        [{**r, "category": f"general:{r.get('category', 'chat')}"} for r in general]
+
+
+def measure(drafter: Path, target: Path, rows: list[dict], s: AdaptSettings, conts=None) -> tuple[dict, list]:
+    """τ of `drafter` (greedy, full blocks, as `bench --tau`) on the held-back requests and on the general set,
+    and the target's continuations it was walked along (pass them back to measure another drafter on the same)."""
+    from ..bench.tau import NativeDraftProbe, continuations, walk_tau  # noqa: PLC0415
+    probe = NativeDraftProbe(target, drafter, s.threads)
+    try:
+        conts = conts or continuations(probe, rows, s.eval_tokens)
+        report = walk_tau(probe, conts)
+    finally:
+        probe.close()
+
+    def pooled(keep) -> float:
+        got = [p for p in report.per_prompt if keep(p["category"])]
+        calls = sum(p["calls"] for p in got)
+        return round(sum(p["tokens"] - 1 for p in got) / calls, 3) if calls else float("nan")
+    return {"held_back": pooled(lambda c: c == "held_back"), "general": pooled(lambda c: c.startswith("general:")),
+            "general_by_category": {c.removeprefix("general:"): round(v, 3) for c, v in report.by_category.items()
+                                    if c.startswith("general:")}}, conts
 
 
 def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: Path, s: AdaptSettings,
@@ -187,7 +202,13 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
     pool, general = prompt_sets(s.prompts, s.eval_per_category, s.seed)
     key = json.dumps([file_tag(drafter)[1], [h.shard.name for h in held], [r["id"] for r in general],
                       s.eval_held_back, s.eval_tokens])
-    before = _measured_once(work / "tau-before.json", key, lambda: measure(drafter, target.path, held, general, s))
+    rows, conts = eval_rows(held, general, s), None
+
+    def measure_before():
+        nonlocal conts
+        tau, conts = measure(drafter, target.path, rows, s)
+        return tau
+    before = _measured_once(work / "tau-before.json", key, measure_before)
     print(f"τ before: held back {before['held_back']}, general {before['general']}", file=sys.stderr)
     deadline += time.time() - t0
     replay = replay_data(target, list(c.target_layers), pool, n_replay, s, deadline - s.minutes * 15)
@@ -217,7 +238,7 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
               "adapt_settings": {k: [str(x) for x in v] if k == "prompts" else v if k != "replay_dir" else None
                                  for k, v in asdict(s).items()}, **training_record(trainer, result)}
     export(trainer, target, out, record, vocab, force=True)
-    after = measure(out, target.path, held, general, s)
+    after, _ = measure(out, target.path, rows, s, conts)
     record |= {"tau_before": before, "tau_after": after, "minutes": round((time.time() - t0) / 60, 1)}
     work.mkdir(parents=True, exist_ok=True)
     (work / "adapt-record.json").write_text(json.dumps(record, indent=2))

@@ -86,6 +86,8 @@ def register(app: typer.Typer) -> None:
                                                    "to continue (never overwritten)"),
         replay: float = typer.Option(1.0, "--replay", help="with --adapt: sequences of the drafter's original "
                                      "training distribution mixed in per recorded request"),
+        eval_prompts: int = typer.Option(5, "--eval-prompts", help="with --adapt: prompts per category of the "
+                                         "general set τ is measured on before and after (0: none)"),
         threads: int = typer.Option(0, "-t", "--threads", help="CPU threads for harvest and training (0: all)"),
         chat_template: Optional[str] = chat_template_option(),
         force: bool = typer.Option(False, "--force"),

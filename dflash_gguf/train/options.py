@@ -54,6 +54,7 @@ def validate(o: SimpleNamespace) -> SimpleNamespace:
          "leave out --init-drafter and --import-tokens"),
         (0 < o.replay <= 10, "--replay", o.replay, "choose a share > 0 (1: as many replayed as recorded) up to 10"),
         (o.max_minutes is None or o.max_minutes > 0, "--max-minutes", o.max_minutes, "must be > 0"),
+        (o.eval_prompts >= 0, "--eval-prompts", o.eval_prompts, "must be >= 0"),
     ))
     return o
 
