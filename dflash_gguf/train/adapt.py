@@ -135,9 +135,12 @@ def build_dataset(folder: Path, target: TargetFile, replay, n_replay: int, train
             "seed": replay.meta["seed"], "taps": replay.taps, "n_embd": replay.meta["n_embd"],
             "store_features": True, "top_k_probs": 0, "feature_dtype": replay.feature_dtype,
             "features": "replay: harvested; recorded: recomputed by a batched prefill"}
-    if (folder / "meta.json").exists() and json.loads((folder / "meta.json").read_text()).get("prompts_sha256") != ident:
+    old = folder / "meta.json"
+    if old.exists() and json.loads(old.read_text()).get("prompts_sha256") != ident:
         import shutil  # noqa: PLC0415
-        shutil.rmtree(folder)                # another store or replay share: start the folder afresh
+        shutil.rmtree(folder)                # another store or replay share: start afresh, checkpoint included
+        shutil.rmtree(folder.parent / "checkpoint", ignore_errors=True)
+        (folder.parent / "adapt-plan.json").unlink(missing_ok=True)
     writer = DatasetWriter(folder, meta)
     for r in replay.index[:n_replay]:
         if r["prompt_index"] in writer.done:
@@ -259,8 +262,8 @@ def _measured_once(path: Path, key: str, run) -> dict:
 
 
 def _training_seconds(work: Path, deadline: float, resume: bool, minutes: float, t0: float) -> float:
-    """The training part of the time box: what the preparation left, at least a minute; a resumed run keeps the
-    first run's (its schedule was laid out over it)."""
+    """The training part of the time box: what the preparation left, at least a quarter of the box; a resumed run
+    keeps the first run's (its schedule was laid out over it)."""
     plan = work / "adapt-plan.json"
     if resume and plan.exists():
         return json.loads(plan.read_text())["train_seconds"]

@@ -99,8 +99,8 @@ def register(app: typer.Typer) -> None:
         if adapt is not None:
             record, work = run_adapt(validate(resolved(given)))
             b, a = record["tau_before"], record["tau_after"]
-            typer.echo(f"{out}: τ on {record['recorded_held_back']} held-back recorded requests {b['held_back']:.2f} → "
-                       f"{a['held_back']:.2f}; on the general set {b['general']:.2f} → {a['general']:.2f} "
+            typer.echo(f"{out}: τ on {record['recorded_held_back']} held-back recorded requests "
+                       f"{b['held_back']:.2f} → {a['held_back']:.2f}; on the general set {b['general']:.2f} → {a['general']:.2f} "
                        f"({record['recorded_train']} recorded + {record['replayed']} replayed sequences, "
                        f"{record['labelled_rows']:,} labelled rows, {record['minutes']} min); work dir: {work} "
                        f"(--resume {work})")
