@@ -112,3 +112,13 @@ def chat_template_option():
     """--chat-template NAME|FILE, one definition for run, serve, bench and train (textgen.chat.read_choice)."""
     from .textgen.chat import CHAT_TEMPLATE_HELP  # noqa: PLC0415
     return typer.Option(None, "--chat-template", help=CHAT_TEMPLATE_HELP)
+
+
+def learn_option():
+    """--learn FOLDER, one definition for run and serve (learn/store.py)."""
+    return typer.Option(None, "--learn", help="record each finished request's prompt and answer token ids in this "
+                        "folder, for `train --adapt` (local only; off unless given)")
+
+
+def learn_max_mb_option():
+    return typer.Option(256.0, "--learn-max-mb", help="most MB the --learn folder may hold (oldest requests out first)")

@@ -65,9 +65,13 @@ class NativeDraftProbe:
         from ..textgen.greedy import greedy_continuation, prefill_features  # noqa: PLC0415
         seq = prompt + greedy_continuation(self.target, self.tctx, self.tbatch, prompt, max_new)
         feats = prefill_features(self.tctx, self.tbatch, self.taps, seq)
+        self.restart()
+        return seq, feats
+
+    def restart(self) -> None:
+        """Clear the drafter's KV for a new sequence."""
         self.dctx.clear()
         self.injected = 0
-        return seq, feats
 
     def draft_at(self, seq: list[int], feats: np.ndarray, p: int) -> np.ndarray:
         """[B-1] greedy drafts for slots 1..B-1 of the block anchored at seq[p]; anchors must not go back."""
@@ -105,38 +109,81 @@ def run_tau(settings, options, template_choice=None) -> dict:
             **report.to_json(), "per_prompt": report.per_prompt}
 
 
-def measure_tau(drafter: Path, target: Path, prompts: list[dict], max_tokens: int = 128,
-                n_threads: int = 0, template: str | None = None) -> TauReport:
-    from ..textgen.prompting import format_prompt  # noqa: PLC0415
-    from ..train.acceptance import Walk  # noqa: PLC0415
+@dataclass
+class Continuation:
+    """One prompt and the target's greedy continuation of it, with the tapped features of every position: what
+    any drafter of these taps is walked along (the target's part does not depend on the drafter)."""
+    row: dict
+    n_prompt: int
+    seq: list[int]
+    feats: np.ndarray            # [len(seq), k*H]
 
-    probe = NativeDraftProbe(target, drafter, n_threads)
-    block, n_ctx = probe.block, probe.N_CTX
+
+def continuations(probe: NativeDraftProbe, prompts: list[dict], max_tokens: int,
+                  template: str | None = None) -> list[Continuation]:
+    """Rows of a prompt file (formatted with `template` as in training), or rows whose `tokens` are the prompt as
+    the target reads it (a recorded request, rendered as it was served)."""
+    from ..textgen.prompting import format_prompt  # noqa: PLC0415
+    out = []
+    for row in prompts:
+        prompt = list(row["tokens"] if "tokens" in row else format_prompt(probe.target, row, template))
+        prompt = prompt[: probe.N_CTX // 2]
+        seq, feats = probe.continuation(prompt, min(max_tokens, probe.N_CTX - len(prompt) - probe.block))
+        out.append(Continuation(row, len(prompt), seq, feats))
+    return out
+
+
+def walk_tau(probe: NativeDraftProbe, conts: list[Continuation]) -> TauReport:
+    """τ of the probe's drafter along each continuation, as a greedy speculative run would accept its drafts."""
+    from ..train.acceptance import Walk  # noqa: PLC0415
+    block = probe.block
     walk = Walk()
     calls: dict[str, int] = {}
     made: dict[str, int] = {}
     per_prompt = []
-    try:
-        for row in prompts:
-            cat = row.get("category", "chat")
-            prompt = format_prompt(probe.target, row, template)[: n_ctx // 2]
-            seq, feats = probe.continuation(prompt, min(max_tokens, n_ctx - len(prompt) - block))
-            p, n_calls = len(prompt), 0                                # seq[p]: the newest token, not yet verified
-            while p < len(seq) - 1:
-                drafts = probe.draft_at(seq, feats, p)
-                n = min(block - 1, len(seq) - 1 - p)
-                right = drafts[:n] == np.asarray(seq[p + 1:p + 1 + n])
-                k = int(np.cumprod(right).sum())
-                walk.block(k, n)
-                n_calls += 1
-                p += k + 1
-            generated = len(seq) - len(prompt)
-            calls[cat] = calls.get(cat, 0) + n_calls
-            made[cat] = made.get(cat, 0) + generated - 1
-            per_prompt.append({"id": row.get("id"), "category": cat, "tokens": generated, "calls": n_calls,
-                               "tau": round((generated - 1) / n_calls, 3) if n_calls else None})
-    finally:
-        probe.close()
+    for c in conts:
+        cat, seq = c.row.get("category", "chat"), c.seq
+        probe.restart()
+        p, n_calls = c.n_prompt, 0                                     # seq[p]: the newest token, not yet verified
+        while p < len(seq) - 1:
+            drafts = probe.draft_at(seq, c.feats, p)
+            n = min(block - 1, len(seq) - 1 - p)
+            right = drafts[:n] == np.asarray(seq[p + 1:p + 1 + n])
+            k = int(np.cumprod(right).sum())
+            walk.block(k, n)
+            n_calls += 1
+            p += k + 1
+        generated = len(seq) - c.n_prompt
+        calls[cat] = calls.get(cat, 0) + n_calls
+        made[cat] = made.get(cat, 0) + generated - 1
+        per_prompt.append({"id": c.row.get("id"), "category": cat, "tokens": generated, "calls": n_calls,
+                           "tau": round((generated - 1) / n_calls, 3) if n_calls else None})
     counts = {c: sum(1 for p in per_prompt if p["category"] == c) for c in calls}
     return TauReport({c: made[c] / calls[c] for c in calls if calls[c]}, counts,
                      walk.slot_accept + [0.0] * (block - 1 - len(walk.slot_accept)), per_prompt)
+
+
+def measure_tau(drafter: Path, target: Path, prompts: list[dict], max_tokens: int = 128,
+                n_threads: int = 0, template: str | None = None) -> TauReport:
+    """τ of `drafter` over `prompts` (rows as `continuations` takes them)."""
+    return measure_taus([drafter], target, prompts, max_tokens, n_threads, template)[0]
+
+
+def measure_taus(drafters: list[Path], target: Path, prompts: list[dict], max_tokens: int = 128,
+                 n_threads: int = 0, template: str | None = None) -> list[TauReport]:
+    """τ of each drafter (all of the same taps) over the same continuations, generated once."""
+    probe = NativeDraftProbe(target, drafters[0], n_threads)
+    try:
+        conts = continuations(probe, prompts, max_tokens, template)
+        reports, taps = [walk_tau(probe, conts)], probe.taps
+    finally:
+        probe.close()
+    for d in drafters[1:]:
+        probe = NativeDraftProbe(target, d, n_threads)
+        try:
+            if probe.taps != taps:             # the features kept are those of the first drafter's taps
+                raise UserError(f"{d}: taps {probe.taps}, not {drafters[0]}'s {taps}; measure them separately")
+            reports.append(walk_tau(probe, conts))
+        finally:
+            probe.close()
+    return reports

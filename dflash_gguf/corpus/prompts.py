@@ -15,3 +15,19 @@ def load(path: Path) -> list[dict]:
     """Rows of a JSONL prompt file (gzip-compressed when its name ends in .gz)."""
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     return [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
+
+# The shipped drafter's harvest takes the default set in order and stopped at 6,408 sequences (--tokens 1400000,
+# dflash_gguf/assets/README.md): prompts from this index on were never its training data.
+HELD_BACK_FROM = 8000
+
+
+def general_set(rows: list[dict], per_category: int) -> list[dict]:
+    """A fixed mix of `rows`, `per_category` of each category, taken from the end (for the default set: of its
+    held-back part), each with its index in `rows` as `id` unless it has one: τ on it tells whether a drafter
+    adapted to one kind of traffic got worse elsewhere."""
+    picked = {}
+    for i in range(len(rows) - 1, -1, -1):
+        cat = rows[i].get("category", "chat")
+        if len(picked.setdefault(cat, [])) < per_category:
+            picked[cat].append({"id": i, **rows[i]})
+    return [r for cat in sorted(picked) for r in picked[cat]]

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from ..engine_options import chat_template_option, with_engine_options
+from ..engine_options import chat_template_option, learn_max_mb_option, learn_option, with_engine_options
 from ..errors import UserError
 
 DEMO_PROMPT = "Write a Python function that returns the n-th prime number, with a docstring and two examples."
@@ -36,6 +36,8 @@ def register(app: typer.Typer) -> None:
         plain: bool = typer.Option(False, "--plain", help="plain decoding only (no drafter)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
         chat_template: Optional[str] = chat_template_option(),
+        learn: Optional[Path] = learn_option(),
+        learn_max_mb: float = learn_max_mb_option(),
         engine_options: dict = None,
     ):
         """Generate with DFlash speculative decoding (lossless); without -m/-md runs the embedded default."""
@@ -56,15 +58,22 @@ def register(app: typer.Typer) -> None:
         from ..textgen.chat import read_choice
         template_choice = read_choice(chat_template)
         settings = EngineSettings.from_env(target=model, drafter=draft, **engine_options)
-        check_inputs(settings, speculative=not plain)
+        target_path, _ = check_inputs(settings, speculative=not plain)
         require_native(settings)
+        from ..learn.store import recorder_for
+        recorder = recorder_for(learn, learn_max_mb, target_path)
+        if recorder is not None:
+            print(recorder.announce(), file=sys.stderr)
         engine = Engine(settings, speculative=not plain)
         try:
-            tokens = _prompt_tokens(engine, prompt, chat, think, template_choice)
+            tokens, template = _prompt_tokens(engine, prompt, chat, think, template_choice)
             if len(tokens) + 1 > settings.n_ctx:
                 raise UserError(f"-c {settings.n_ctx}: the prompt alone is {len(tokens)} tokens; "
                                 f"pass -c {len(tokens) + n_predict} or more (prompt + -n)")
             report = _generate(engine, tokens, n_predict, sampling, stream=not as_json, speculative=not plain)
+            if recorder is not None and report["tokens"]:
+                recorder.record(tokens, report["tokens"], template=template,
+                                drafter=getattr(engine.drafter_model, "path", None))
             if compare and not plain:
                 base = engine.generate(tokens, n_predict, sampling, speculative=False)
                 report["plain"] = {"tok_s": round(base.tok_s, 2), "n_generated": len(base.tokens)}
@@ -95,10 +104,12 @@ def check_sampling_options(n_predict: int, temp: float, top_k: int, top_p: float
     return sampling
 
 
-def _prompt_tokens(engine, prompt: str, chat: bool, think: bool | None, template_choice=None) -> list[int]:
+def _prompt_tokens(engine, prompt: str, chat: bool, think: bool | None, template_choice=None
+                   ) -> tuple[list[int], str | None]:
+    """The prompt's tokens, and the chat template it was rendered with (None without --chat)."""
     model = engine.target_model
     if not chat:
-        return model.tokenize(prompt, add_special=True)
+        return model.tokenize(prompt, add_special=True), None
     from ..textgen.chat import model_template, render_model_chat, supports_thinking
     template = model_template(model, template_choice)
     if not template.is_models_own:
@@ -109,7 +120,7 @@ def _prompt_tokens(engine, prompt: str, chat: bool, think: bool | None, template
         think = None
     text = render_model_chat(model, [{"role": "user", "content": prompt}], template=template.text,
                              enable_thinking=think)
-    return model.tokenize(text, add_special=False)
+    return model.tokenize(text, add_special=False), template.text
 
 
 def _generate(engine, tokens, n_predict, sampling, *, stream: bool, speculative: bool) -> dict:

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from ..engine_options import chat_template_option, with_engine_options
+from ..engine_options import chat_template_option, learn_max_mb_option, learn_option, with_engine_options
 from ..errors import RunFailure, SetupError, UserError
 
 
@@ -42,6 +42,8 @@ def register(app: typer.Typer) -> None:
                                            "out first; -1: no limit, 0: keep only the current one)"),
         slot_save_path: Optional[Path] = typer.Option(None, "--slot-save-path",
                                                       help="folder for POST /slots/0?action=save|restore files"),
+        learn: Optional[Path] = learn_option(),
+        learn_max_mb: float = learn_max_mb_option(),
         engine_options: dict = None,
     ):
         """OpenAI-compatible server (chat, completions, models, health) for Jan, LM Studio and any client."""
@@ -51,6 +53,7 @@ def register(app: typer.Typer) -> None:
             raise SetupError("serve needs the server extra: pip install 'dflash-gguf[server]'") from None
 
         from ..engine.session import Engine, check_inputs, require_native
+        from ..learn.store import recorder_for
         from ..settings import EngineSettings
         from .app import ServerConfig, create_app
         from .prompt_cache import CacheSettings
@@ -71,10 +74,14 @@ def register(app: typer.Typer) -> None:
         if cache_ram < -1:
             raise UserError(f"--cache-ram {cache_ram}: must be >= 0 MiB, or -1 for no limit")
         cache = CacheSettings(cache_prompt, None if cache_ram == -1 else cache_ram << 20, slot_save_path)
-        worker = EngineWorker(lambda: _load_engine(Engine, settings, served, plain), log=log, cache=cache)
+        recorder = recorder_for(learn, learn_max_mb, served)
+        worker = EngineWorker(lambda: _load_engine(Engine, settings, served, plain), log=log, cache=cache,
+                              recorder=recorder)
         model_id = alias or (target.stem if target else "smollm2-135m-instruct-dflash")
         app = create_app(worker, ServerConfig(model_id, api_key, tuple(cors_origin), max_tokens, template))
         _announce(host, port, api_key, log)
+        if recorder is not None:
+            log(recorder.announce())
         log(f"loading {target or 'the embedded default model'} in the background; /health answers 503 until "
             "it is ready")
         worker.start()

@@ -37,7 +37,8 @@ def register(app, worker, config, read_json, not_ready, error, respond) -> None:
                 "model_path": str(e.target_model.path), "model_alias": config.model_id,
                 "cache_type_k": e.settings.cache_type_k, "cache_type_v": e.settings.cache_type_v,
                 "chat_template": served_template(e, config.chat_template) or "", "chat_template_caps": {},
-                "modalities": {"vision": False, "audio": False}, "build_info": build_info(), "is_sleeping": False}
+                "modalities": {"vision": False, "audio": False}, "build_info": build_info(), "is_sleeping": False,
+                "learning": learning_state(worker)}
 
     @app.get("/slots")
     async def slots():
@@ -185,6 +186,15 @@ def slot_state(worker, engine) -> dict:
             "n_cached": len(getattr(engine, "held_tokens", [])),
             "next_token": {"has_next_token": job is not None, "has_new_line": False, "n_remain": -1,
                            "n_decoded": 0, "stopping_word": ""}}
+
+
+def learning_state(worker) -> dict:
+    """Whether finished requests are recorded (serve --learn), and where."""
+    r = worker.recorder
+    if r is None:
+        return {"enabled": False}
+    cap = r.store.max_bytes
+    return {"enabled": True, "store": str(r.store.root), "max_mb": None if cap is None else round(cap / 2**20, 3)}
 
 
 def build_info() -> str:

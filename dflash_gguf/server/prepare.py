@@ -41,7 +41,9 @@ def chat_job(engine, req: ChatRequest, template_override: str | None,
     opened_think = text.rstrip().endswith(THINK_OPEN)   # R1-style templates open the think block themselves
     splitter = OutputSplitter(thinking=opened_think, parse_reasoning=req.parse_reasoning, tools=bool(req.tools),
                               max_tool_calls=None if req.parallel_tool_calls else 1)
-    return _job(engine, m.tokenize(text, add_special=False), req, "messages", loop), splitter
+    job = _job(engine, m.tokenize(text, add_special=False), req, "messages", loop)
+    job.template = template
+    return job, splitter
 
 
 def completion_job(engine, req: CompletionRequest, loop: asyncio.AbstractEventLoop) -> Job:

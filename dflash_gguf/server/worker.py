@@ -39,6 +39,7 @@ class Job:
     cache_prompt: bool = True             # False: a cold start (the request's `cache_prompt`)
     n_probs: int = 0                      # > 0: the target's top-n probabilities of each token (llama-server)
     probs: list | None = None             # set by the engine thread before "done": engine.token_probs' result
+    template: str | None = None           # the chat template the prompt was rendered with (None: raw completion)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -84,8 +85,10 @@ class EngineWorker:
     """States: loading → ready (or failed). `submit` hands a job to the engine thread."""
 
     def __init__(self, make_engine: Callable[[], object], log: Callable[[str], None] | None = None,
-                 cache: CacheSettings | None = None):
+                 cache: CacheSettings | None = None, recorder=None):
+        """recorder: a learn.store.Recorder that keeps each finished request (serve --learn), or None."""
         self._make_engine = make_engine
+        self.recorder = recorder
         self._log = log or (lambda msg: None)
         self.engine = None
         self.cache: PromptCache | None = None
@@ -194,7 +197,18 @@ class EngineWorker:
                 return
         job.emit("done", result)
         self._record(job, len(result.tokens), "done", queued_at, started, result.n_cached)
+        self._learn(job, result)
         self._settle()
+
+    def _learn(self, job: Job, result: GenerationResult) -> None:
+        """Keep a finished request for `train --adapt` (serve --learn); the answer is out already."""
+        if self.recorder is None or not result.tokens:
+            return
+        try:
+            self.recorder.record(job.tokens, result.tokens, template=job.template,
+                                 drafter=getattr(getattr(self.engine, "drafter_model", None), "path", None))
+        except Exception as e:  # noqa: BLE001 - a full disk must not take the server down
+            print(f"dflash-gguf serve: recording the request failed: {type(e).__name__}: {e}", file=sys.stderr)
 
     def _settle(self) -> None:
         """The answer is out: re-decode what the next turn would otherwise re-read (prompt_cache.settle), giving

@@ -16,7 +16,8 @@ def register(app: typer.Typer) -> None:
         model: Path = typer.Option(..., "-m", "--model", help="target GGUF (the teacher)"),
         out: Path = typer.Option(..., "-o", "--out", help="drafter GGUF to write"),
         prompts: list[Path] = typer.Option([], "--prompts", help="JSONL files (.gz too) with a 'prompt' field "
-                                           "(default: the shipped licensed prompt set)"),
+                                           "(default: the shipped licensed prompt set; with --adapt: the drafter's "
+                                           "training prompts, for the replay and the general set)"),
         layers: int = typer.Option(2, "--layers", help="draft layers"),
         block_size: int = typer.Option(8, "--block-size"),
         taps: str = typer.Option("auto", "--taps", help="auto | comma-separated target layer ids"),
@@ -36,7 +37,7 @@ def register(app: typer.Typer) -> None:
         schedule_minutes: Optional[float] = typer.Option(None, "--schedule-minutes", help="a time-boxed run: "
                                                          "warm-up and cosine over this many minutes of training, "
                                                          "which then ends (instead of over --rows)"),
-        lr: float = typer.Option(8e-4, "--lr"),
+        lr: Optional[float] = typer.Option(None, "--lr", help="peak learning rate (default: 8e-4; 4e-4 with --adapt)"),
         distill: float = typer.Option(0.0, "--distill", help="share of the loss against the target's top-k "
                                       "probabilities kept at harvest time (0: hard labels only)"),
         tv: Optional[float] = typer.Option(None, "--tv", help="share of the loss that is the total variation to "
@@ -66,7 +67,8 @@ def register(app: typer.Typer) -> None:
                                       "the hardware computes it natively)"),
         outtype: str = typer.Option("q8_0", "--outtype"),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="harvested data (default: the user "
-                                                "cache, keyed by target sha256 + prompt set + seed)"),
+                                                "cache, keyed by target sha256 + prompt set + seed; with --adapt: "
+                                                "the replayed data)"),
         work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="checkpoints (default: the user cache)"),
         resume: Optional[Path] = typer.Option(None, "--resume", help="continue training from the checkpoint "
                                               "in this work dir"),
@@ -78,6 +80,14 @@ def register(app: typer.Typer) -> None:
                                                      "(gpu-harvest-tokens.npz): features are recomputed here"),
         init_drafter: Optional[Path] = typer.Option(None, "--init-drafter", help="start from this drafter GGUF's "
                                                     "weights (e.g. trained on a GPU) and keep training"),
+        adapt: Optional[Path] = typer.Option(None, "--adapt", help="continue -md's drafter on the requests recorded "
+                                             "in this folder (serve --learn), within --max-minutes (default 20)"),
+        model_draft: Optional[Path] = typer.Option(None, "-md", "--model-draft", help="with --adapt: the drafter "
+                                                   "to continue (never overwritten)"),
+        replay: float = typer.Option(1.0, "--replay", help="with --adapt: sequences of the drafter's original "
+                                     "training distribution mixed in per recorded request"),
+        eval_prompts: int = typer.Option(5, "--eval-prompts", help="with --adapt: prompts per category of the "
+                                         "general set τ is measured on before and after (0: none)"),
         threads: int = typer.Option(0, "-t", "--threads", help="CPU threads for harvest and training (0: all)"),
         chat_template: Optional[str] = chat_template_option(),
         force: bool = typer.Option(False, "--force"),
@@ -85,7 +95,16 @@ def register(app: typer.Typer) -> None:
         """Generate training data with the target itself, train the drafter, export a validated GGUF."""
         given = dict(locals())                  # the first statement: exactly the options above
         from .options import resolved, validate
-        from .run import run
+        from .run import run, run_adapt
+        if adapt is not None:
+            record, work = run_adapt(validate(resolved(given)))
+            b, a = record["tau_before"], record["tau_after"]
+            typer.echo(f"{out}: τ on {record['recorded_held_back']} held-back recorded requests "
+                       f"{b['held_back']:.2f} → {a['held_back']:.2f}; on the general set {b['general']:.2f} → {a['general']:.2f} "
+                       f"({record['recorded_train']} recorded + {record['replayed']} replayed sequences, "
+                       f"{record['labelled_rows']:,} labelled rows, {record['minutes']} min); work dir: {work} "
+                       f"(--resume {work})")
+            return
         record, work = run(validate(resolved(given)))
         typer.echo(f"{out}: validation τ estimate {record['val_tau_estimate']:.2f} "
                    f"(slot acceptance {', '.join(f'{x:.2f}' for x in record['val_slot_accept'])}); "

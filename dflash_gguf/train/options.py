@@ -22,6 +22,8 @@ def resolved(options: dict) -> SimpleNamespace:
         o.loss_vocab_extra = 2048 if o.device == "cpu" else -1
     if o.n_gpu_layers is None:
         o.n_gpu_layers = 999 if o.device == "cuda" else 0
+    if o.lr is None:
+        o.lr = 4e-4 if o.adapt is not None else 8e-4
     return o
 
 
@@ -43,6 +45,16 @@ def validate(o: SimpleNamespace) -> SimpleNamespace:
         (o.harvest_processes >= 1, "--harvest-processes", o.harvest_processes, "must be >= 1"),
         (o.device in DEVICES, "--device", o.device, f"use {' or '.join(DEVICES)}"),
         (o.precision in PRECISIONS, "--precision", o.precision, "use auto, fp32 or bf16"),
+        (o.adapt is None or o.model_draft is not None, "--adapt", None,
+         "give the drafter to continue with -md DRAFTER.gguf (the new one goes to -o)"),
+        (o.model_draft is None or o.adapt is not None, "-md", None,
+         "is the drafter --adapt continues; to start a new training from a drafter use --init-drafter"),
+        (o.adapt is None or not (o.init_drafter or o.import_tokens), "--adapt", None,
+         "trains on the recorded requests (--prompts: the drafter's own training prompts, for the replay): "
+         "leave out --init-drafter and --import-tokens"),
+        (0 < o.replay <= 10, "--replay", o.replay, "choose a share > 0 (1: as many replayed as recorded) up to 10"),
+        (o.max_minutes is None or o.max_minutes > 0, "--max-minutes", o.max_minutes, "must be > 0"),
+        (o.eval_prompts >= 0, "--eval-prompts", o.eval_prompts, "must be >= 0"),
     ))
     return o
 

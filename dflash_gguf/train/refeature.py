@@ -33,8 +33,6 @@ def export_tokens(data_dir: Path, out: Path) -> Path:
 def import_tokens(npz: Path, target: TargetFile, out_dir: Path, n_threads: int = 0, n_gpu_layers: int = 0,
                   feature_dtype: str = "float16") -> DatasetWriter:
     """Rebuild a full dataset (features by prefill, no top-k) from export_tokens' file; resumable."""
-    from ..native.wrappers import Batch, Context, ContextSettings  # noqa: PLC0415
-    from ..textgen.greedy import prefill_features  # noqa: PLC0415
     z = np.load(npz)
     tokens = z["tokens"].astype(np.int32)
     rows = [json.loads(x) for x in str(z["index"]).splitlines() if x.strip()]
@@ -42,21 +40,28 @@ def import_tokens(npz: Path, target: TargetFile, out_dir: Path, n_threads: int =
                                           "features": "recomputed by a batched prefill",
                                           "feature_dtype": feature_dtype}
     writer = DatasetWriter(out_dir, meta)
+    items = [(r.get("prompt_index", i), tokens[r["offset"]:r["offset"] + r["length"]].tolist(),
+              r.get("spans") or [[r["response_start"], r["length"]]], r) for i, r in enumerate(rows)]
+    return write_with_features(writer, target, items, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+
+
+def write_with_features(writer: DatasetWriter, target: TargetFile, items, n_threads: int = 0,
+                        n_gpu_layers: int = 0) -> DatasetWriter:
+    """Append (prompt_index, tokens, spans, row) sequences to `writer`, each with its features from one
+    batched prefill; those it holds already are skipped (resumable)."""
+    from ..native.wrappers import Batch, Context, ContextSettings  # noqa: PLC0415
+    from ..textgen.greedy import prefill_features  # noqa: PLC0415
+    items = [x for x in items if x[0] not in writer.done]
     model = target.model(n_gpu_layers)
-    longest = max((r["length"] for r in rows), default=1)
+    longest = max((len(x[1]) for x in items), default=1)
     ctx = Context(model, ContextSettings(n_ctx=max(512, longest), n_batch=512, n_ubatch=512, n_threads=n_threads))
     batch = Batch(model.native, 512)
     t0 = time.time()
     try:
-        for i, r in enumerate(rows):
-            pi = r.get("prompt_index", i)
-            if pi in writer.done:
-                continue
-            seq = tokens[r["offset"]:r["offset"] + r["length"]].tolist()
-            feats = prefill_features(ctx, batch, meta["taps"], seq)
+        for pi, seq, spans, row in items:
+            feats = prefill_features(ctx, batch, writer.meta["taps"], seq)
             feats[-1] = 0                      # the last token was never decoded during generation
-            writer.add(seq, r.get("spans") or [[r["response_start"], r["length"]]], r, prompt_index=pi,
-                       sampled=bool(r.get("sampled")), feats=feats)
+            writer.add(seq, spans, row, prompt_index=pi, sampled=bool(row.get("sampled")), feats=feats)
     finally:
         batch.close()
         ctx.close()

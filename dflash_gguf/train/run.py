@@ -72,6 +72,34 @@ def run(o: SimpleNamespace) -> tuple[dict, Path]:
         return record, work
 
 
+def run_adapt(o: SimpleNamespace) -> tuple[dict, Path]:
+    """`train --adapt`: the record of the adapted drafter, and the work dir that holds its data and checkpoint."""
+    import hashlib
+
+    from ..engine.session import require_native
+    from ..paths import cache_root
+    from ..target_file import TargetFile
+    from .adapt import AdaptSettings, adapt, check_paths
+
+    if not o.model.is_file():
+        raise UserError(f"-m {o.model}: no such file")
+    check_paths(o.model_draft, o.out, o.force)
+    with TargetFile.open(o.model) as target:
+        torch = _torch(o.device)
+        require_native()
+        if o.threads:
+            torch.set_num_threads(o.threads)
+        store = o.adapt.resolve()
+        key = hashlib.sha256(f"{store}|{o.model_draft.resolve()}".encode()).hexdigest()[:12]
+        work = o.resume or o.work_dir or cache_root() / "adapt" / f"{o.out.stem}-{key}"
+        settings = AdaptSettings(minutes=o.max_minutes or 20.0, replay=o.replay, lr=o.lr, seed=o.seed,
+                                 threads=o.threads, prompts=tuple(o.prompts), eval_per_category=o.eval_prompts,
+                                 replay_dir=o.data_dir)
+        record = adapt(target, o.model_draft, o.out, o.adapt, work, settings, force=o.force,
+                       resume=o.resume is not None)
+        return record, work
+
+
 def _torch(device: str):
     try:
         import torch

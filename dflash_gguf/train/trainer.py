@@ -349,7 +349,8 @@ class Trainer:
             bar.update(rows)
         bar.close()
         self.save(out_dir)
-        return self.evaluate() if last_eval is None or self.history[-1].get("val_tau") is None else last_eval
+        return self.evaluate(self.s.eval_seqs) if last_eval is None or self.history[-1].get("val_tau") is None \
+            else last_eval
 
     def _stop_non_finite(self, value: float, out_dir: Path) -> None:
         """One clear line instead of training on: a NaN/inf loss never recovers, and the weights of the last

@@ -1,0 +1,297 @@
+"""`train --adapt`: continue a drafter on the requests a server recorded (learn/store.py), within a time box.
+
+One person's traffic is narrow (one codebase, one persona, one system prompt), so a drafter tuned on it gains
+most where that person spends their tokens. The recorded conversations are read back through the target to get
+its features; a replay of the drafter's original training distribution (the shipped prompt set's part it was
+trained on, answered by the target and kept in the user cache) is mixed in so it does not forget the rest.
+A tenth of the recorded conversations is held back: τ before and after, on them and on a fixed general set
+(held-back prompts of the shipped set), is measured through llama.cpp as `bench --tau` measures it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+from ..learn.store import Conversation, LearnStore
+from ..target_file import TargetFile
+
+RECORDED_INDEX = 10_000_000     # dataset prompt_index of recorded conversation i (replay ones count from 0)
+
+
+@dataclass
+class AdaptSettings:
+    minutes: float = 20.0           # data preparation + training (the measurements come on top)
+    replay: float = 1.0             # replayed sequences of the original distribution per recorded one
+    held_back: float = 0.1          # share of the recorded conversations kept out of training, for τ
+    lr: float = 4e-4                # peak; warm-up and cosine run over the training part of the time box
+    eval_per_category: int = 5      # prompts per category of the general set
+    eval_held_back: int = 20        # most held-back conversations measured
+    eval_tokens: int = 128
+    seed: int = 0
+    threads: int = 0
+    prompts: tuple[Path, ...] = ()  # the drafter's training prompts (replay, general set); (): the shipped set
+    replay_dir: Path | None = None  # where replayed data is kept; None: the user cache
+
+
+def recorded(store_dir: Path, target: TargetFile) -> list[Conversation]:
+    """The store's conversations, distinct; a store (or any shard of it) from another target is refused."""
+    convs = LearnStore(store_dir).read()
+    if not convs:
+        raise UserError(f"--adapt {store_dir}: no recorded requests yet; serve with --learn {store_dir} first")
+    other = [c for c in convs if c.tags.target_sha256 != target.sha256]
+    if other:
+        c = other[0]
+        raise UserError(f"--adapt {store_dir}: {len(other)} of its {len(convs)} requests were recorded with "
+                        f"{c.tags.target} (sha256 {c.tags.target_sha256[:12]}…), not -m {target.path.name} "
+                        f"(sha256 {target.sha256[:12]}…); adapt with the target they were recorded with")
+    seen, out = set(), []
+    for c in convs:
+        key = (tuple(c.prompt), tuple(c.answer))
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+def split_held_back(convs: list[Conversation], share: float) -> tuple[list[Conversation], list[Conversation]]:
+    """(train, held back): the held-back ones are those whose prompt hashes lowest, so the split of a store does
+    not depend on the order it was recorded in; at least one of each once there are two."""
+    if len(convs) < 2:
+        raise UserError(f"{len(convs)} recorded request(s): adapting needs at least 2 (one is held back to measure)")
+    order = sorted(convs, key=lambda c: hashlib.sha256(np.asarray(c.prompt + [-1] + c.answer, np.int64)).digest())
+    n_held = min(len(convs) - 1, max(1, round(share * len(convs))))
+    return order[n_held:], order[:n_held]
+
+
+def prompt_sets(files: tuple[Path, ...], per_category: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """(replay pool in a fixed shuffled order, general set) from the drafter's training prompts: by default the
+    shipped set, whose part the shipped drafter was trained on is the pool and whose held-back part gives the
+    general set; from other files (--prompts) the general set is taken from their end and the pool is the rest."""
+    from ..corpus.prompts import DEFAULT_PROMPTS, HELD_BACK_FROM, general_set, load  # noqa: PLC0415
+    rows = [r for f in files for r in load(f)] if files else load(DEFAULT_PROMPTS)
+    if not files:
+        pool, general = rows[:HELD_BACK_FROM], general_set(rows[HELD_BACK_FROM:], per_category)
+    else:
+        general = general_set(rows, per_category)
+        taken = {r["id"] for r in general}
+        pool = [r for i, r in enumerate(rows) if i not in taken]
+    if not pool:
+        raise UserError(f"--prompts {', '.join(map(str, files))}: no prompts left to replay once the general set "
+                        f"({per_category} per category) is taken out; give more prompts")
+    return [pool[i] for i in np.random.default_rng(seed).permutation(len(pool))], general
+
+
+def replay_data(target: TargetFile, taps: list[int], pool: list[dict], n: int, s: AdaptSettings, deadline: float):
+    """A FeatureDataset of at least `n` replayed sequences (fewer if the deadline comes first), harvested once
+    per target and taps into the user cache and grown by later runs that want more."""
+    from ..paths import cache_root  # noqa: PLC0415
+    from .dataset import FeatureDataset  # noqa: PLC0415
+    from .harvest import HarvestSettings, harvest  # noqa: PLC0415
+    from .pipeline import prompts_sha256  # noqa: PLC0415
+    from .preflight import dataset_feature_dtype, run_checks  # noqa: PLC0415
+    folder = (s.replay_dir or cache_root() / "adapt-replay") / (f"{target.sha256[:16]}-{prompts_sha256(pool)[:12]}"
+                                                                f"-taps{'-'.join(map(str, taps))}-s{s.seed}")
+    have = FeatureDataset(folder).refresh() if (folder / "index.jsonl").exists() else 0
+    if have < n:
+        checked = run_checks(target, pool[:64], taps, n_layers=1, block_size=2, draft_vocab=None, chat_template=None,
+                             data_dir=folder, max_tokens=None, top_k_probs=0, n_threads=s.threads)
+        settings = HarvestSettings(taps=taps, seed=s.seed, n_threads=s.threads, top_k_probs=0,
+                                   max_new={"code": 128, "math": 160, "chat": 160},
+                                   feature_dtype=dataset_feature_dtype(folder, checked.feature_dtype))
+        print(f"replay: the target answers {n - have} prompts of the drafter's original distribution "
+              f"(kept in {folder} for later runs)", file=sys.stderr)
+        harvest(target, pool, folder, settings, max_seconds=max(deadline - time.time(), 1.0),
+                meta_extra={"target_sha256": target.sha256, "prompts_sha256": prompts_sha256(pool)},
+                prompt_range=(0, _range_for(folder, n)))
+    return FeatureDataset(folder)
+
+
+def _range_for(folder: Path, n: int) -> int:
+    """Prompt indices to cover so that `n` sequences exist (a few prompts are skipped as too long)."""
+    done = 0
+    if (folder / "index.jsonl").exists():
+        done = sum(1 for line in (folder / "index.jsonl").read_text().splitlines() if line.strip())
+    return int((n - done) * 1.1) + done + 8
+
+
+def build_dataset(folder: Path, target: TargetFile, replay, n_replay: int, train: list[Conversation],
+                  threads: int):
+    """The training folder: `n_replay` sequences copied from the replay data, then the recorded conversations
+    with their features recomputed through the target (resumable: sequences already there are kept)."""
+    from .dataset import FeatureDataset, spans_of  # noqa: PLC0415
+    from .harvest import DatasetWriter  # noqa: PLC0415
+    from .refeature import write_with_features  # noqa: PLC0415
+    ident = hashlib.sha256(json.dumps([replay.meta.get("prompts_sha256"), n_replay,
+                                       [c.shard.name for c in train]]).encode()).hexdigest()
+    meta = {"target": target.path.name, "target_sha256": target.sha256, "prompts_sha256": ident,
+            "seed": replay.meta["seed"], "taps": replay.taps, "n_embd": replay.meta["n_embd"],
+            "store_features": True, "top_k_probs": 0, "feature_dtype": replay.feature_dtype,
+            "features": "replay: harvested; recorded: recomputed by a batched prefill"}
+    old = folder / "meta.json"
+    if old.exists() and json.loads(old.read_text()).get("prompts_sha256") != ident:
+        import shutil  # noqa: PLC0415
+        shutil.rmtree(folder)                # another store or replay share: start afresh, checkpoint included
+        shutil.rmtree(folder.parent / "checkpoint", ignore_errors=True)
+        (folder.parent / "adapt-plan.json").unlink(missing_ok=True)
+    writer = DatasetWriter(folder, meta)
+    for r in replay.index[:n_replay]:
+        if r["prompt_index"] in writer.done:
+            continue
+        off, n = r["offset"], r["length"]
+        writer.add(np.asarray(replay.tokens[off:off + n]).tolist(), spans_of(r), {**r, "source": "replay"},
+                   prompt_index=r["prompt_index"], sampled=bool(r.get("sampled")), feats=replay.features(off, off + n))
+    items = [(RECORDED_INDEX + i, c.prompt + c.answer, [[len(c.prompt), len(c.prompt) + len(c.answer)]],
+              {"category": "recorded", "source": f"learn:{c.shard.name}"}) for i, c in enumerate(train)]
+    write_with_features(writer, target, items, n_threads=threads)
+    return FeatureDataset(folder)
+
+
+class Yardstick:
+    """τ (greedy, full blocks, as `bench --tau`) on the held-back requests and on the general set, every drafter
+    walked along the same continuations of the target, generated by the first measurement."""
+
+    def __init__(self, target: Path, held: list[Conversation], general: list[dict], s: AdaptSettings):
+        self.target, self.s = target, s
+        self.rows = [{"category": "held_back", "id": c.shard.name, "tokens": c.prompt} for c in held[:s.eval_held_back]]
+        self.rows += [{**r, "category": f"general:{r.get('category', 'chat')}"} for r in general]
+        self.conts = None
+
+    def tau(self, drafter: Path) -> dict:
+        from ..bench.tau import NativeDraftProbe, continuations, walk_tau  # noqa: PLC0415
+        probe = NativeDraftProbe(self.target, drafter, self.s.threads)
+        try:
+            self.conts = self.conts or continuations(probe, self.rows, self.s.eval_tokens)
+            report = walk_tau(probe, self.conts)
+        finally:
+            probe.close()
+
+        def pooled(keep) -> float:
+            got = [p for p in report.per_prompt if keep(p["category"])]
+            calls = sum(p["calls"] for p in got)
+            return round(sum(p["tokens"] - 1 for p in got) / calls, 3) if calls else float("nan")
+        return {"held_back": pooled(lambda c: c == "held_back"), "general": pooled(lambda c: c.startswith("general:")),
+                "general_by_category": {c.removeprefix("general:"): round(v, 3) for c, v in report.by_category.items()
+                                        if c.startswith("general:")}}
+
+
+def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: Path, s: AdaptSettings,
+          *, force: bool = False, resume: bool = False) -> dict:
+    """Continue `drafter` on the store's conversations and write the result to `out` (a new validated GGUF);
+    returns the record (τ before/after, data, training). `work` keeps the data and checkpoints: with `resume`,
+    a run killed on the way goes on where it stopped (measurement, data and training)."""
+    from ..convert.sources import read_source  # noqa: PLC0415
+    from ..learn.store import file_tag  # noqa: PLC0415
+    from .pipeline import export, init_record, training_record  # noqa: PLC0415
+    t0 = time.time()
+    check_paths(drafter, out, force)
+    train, held = split_held_back(recorded(store_dir, target), s.held_back)
+    src = read_source(str(drafter), target)
+    if src.draft_vocab is None and src.config.vocab_size and src.config.vocab_size != target.n_vocab:
+        raise UserError(f"-md {drafter}: its vocabulary ({src.config.vocab_size}) is not the target's "
+                        f"({target.n_vocab})")
+    pool, general = prompt_sets(s.prompts, s.eval_per_category, s.seed)
+    print(f"adapting {drafter.name} on {len(train)} recorded requests (+{round(s.replay * len(train))} replayed), "
+          f"{len(held)} held back to measure", file=sys.stderr)
+    yardstick = Yardstick(target.path, held, general, s)
+    key = json.dumps([file_tag(drafter)[1], [r.get("id") for r in yardstick.rows], s.eval_tokens])
+    before = _measured_once(work / "tau-before.json", key, lambda: yardstick.tau(drafter))
+    print(f"τ before: held back {before['held_back']}, general {before['general']}", file=sys.stderr)
+    deadline = time.time() + s.minutes * 60             # the time box: preparing the data, then training
+    data, n_replay = prepare_data(target, src.config, pool, train, work, s, deadline)
+    seconds = _training_seconds(work, deadline, resume, s.minutes)
+    trainer, result = continue_training(target, src, str(drafter), data, work, s, seconds, resume)
+    record = {"adapted_from": init_record(drafter, src.train_metadata), "store": store_dir.name,
+              "recorded_train": len(train), "recorded_held_back": len(held), "replayed": n_replay,
+              "adapt_settings": {k: [str(x) for x in v] if k == "prompts" else v if k != "replay_dir" else None
+                                 for k, v in asdict(s).items()}, **training_record(trainer, result)}
+    export(trainer, target, out, record, src.draft_vocab, force=True)
+    record |= {"tau_before": before, "tau_after": yardstick.tau(out), "minutes": round((time.time() - t0) / 60, 1)}
+    (work / "adapt-record.json").write_text(json.dumps(record, indent=2))
+    return record
+
+
+def prepare_data(target: TargetFile, config, pool: list[dict], train: list[Conversation], work: Path,
+                 s: AdaptSettings, deadline: float):
+    """(the training FeatureDataset, replayed sequences in it): the replay harvested (or taken from the cache)
+    while at least a quarter of the box is left, then the recorded requests' features."""
+    n_replay = round(s.replay * len(train))
+    replay = replay_data(target, list(config.target_layers), pool, n_replay, s, deadline - s.minutes * 15)
+    n_replay = min(n_replay, len(replay.index))
+    data = build_dataset(work / "data", target, replay, n_replay, train, s.threads)
+    target.release_model()               # training wants its memory; the export's load check loads it again
+    return data, n_replay
+
+
+def continue_training(target: TargetFile, src, source: str, data, work: Path, s: AdaptSettings, seconds: float,
+                      resume: bool):
+    """(Trainer, its last validation): started from the drafter `src` read from `source` (its weights, taps,
+    layers, block size and draft vocabulary), trained with warm-up and cosine over `seconds`."""
+    from .pipeline import drafter_config  # noqa: PLC0415
+    from .target_weights import embedding_and_head  # noqa: PLC0415
+    from .trainer import Trainer, TrainSettings  # noqa: PLC0415
+    c = src.config
+    settings = TrainSettings(n_layers=c.n_layers, block_size=c.block_size, lr=s.lr, warmup=0.05, rows=10**12,
+                             schedule_seconds=seconds, eval_every=10**9, eval_seqs=16, seed=s.seed,
+                             init_from_target=False, cut_at_first_error=True, markov_rank=c.markov_rank,
+                             confidence_head=c.confidence_head)
+    config = replace(drafter_config(target, list(c.target_layers), c.n_layers, c.block_size),
+                     mask_token_id=c.mask_token_id)
+    embed, head = embedding_and_head(target)
+    vocab = None if src.draft_vocab is None else src.draft_vocab.token_ids
+    trainer = Trainer(data, config, embed, head, settings, draft_vocab=vocab)
+    trainer.arch = target.arch
+    trainer.load_weights(src.tensors, source)
+    if resume and (work / "checkpoint" / "ckpt.pt").exists():
+        trainer.resume(work / "checkpoint")
+        print(f"resumed after {trainer.seconds_before / 60:.1f} of {seconds / 60:.1f} training minutes",
+              file=sys.stderr)
+    print(f"training for {(seconds - trainer.seconds_before) / 60:.1f} minutes on {len(data.index)} sequences "
+          f"(checkpoints in {work / 'checkpoint'})", file=sys.stderr)
+    return trainer, trainer.train(work / "checkpoint", progress=False)
+
+
+def _measured_once(path: Path, key: str, run) -> dict:
+    """run()'s result, kept in `path` under `key` (the drafter's sha256, the prompts and the settings): a resumed
+    run does not measure the same thing again."""
+    if path.exists():
+        kept = json.loads(path.read_text())
+        if kept.get("key") == key:
+            return kept["tau"]
+    tau = run()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"key": key, "tau": tau}))
+    return tau
+
+
+def _training_seconds(work: Path, deadline: float, resume: bool, minutes: float) -> float:
+    """The training part of the time box: what the preparation left, at least a quarter of the box; a resumed run
+    keeps the first run's (its schedule was laid out over it)."""
+    plan = work / "adapt-plan.json"
+    if resume and plan.exists():
+        return json.loads(plan.read_text())["train_seconds"]
+    left, least = deadline - time.time(), minutes * 15        # a quarter of the box at least
+    if left < least:
+        print(f"note: preparing the data left {max(left, 0) / 60:.1f} of the {minutes:g} minutes; training for "
+              f"{least / 60:.1f} minutes anyway", file=sys.stderr)
+        left = least
+    work.mkdir(parents=True, exist_ok=True)
+    plan.write_text(json.dumps({"train_seconds": left}))
+    return left
+
+
+def check_paths(drafter: Path, out: Path, force: bool) -> None:
+    """The new drafter never replaces the one it starts from, and another file only with --force."""
+    if not drafter.is_file():
+        raise UserError(f"-md {drafter}: no such file")
+    if out.exists() and (out.samefile(drafter) or out.resolve() == drafter.resolve()):
+        raise UserError(f"-o {out}: that is the drafter being adapted (-md); write the adapted one to a new file")
+    if out.exists() and not force:
+        raise UserError(f"{out} exists; pass --force to overwrite it")

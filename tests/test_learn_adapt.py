@@ -1,0 +1,108 @@
+"""`run --learn` records, `train --adapt` continues a drafter on the records: on a tiny random target, a store
+from another target is refused in one line, the input drafter is never overwritten, and greedy decoding with
+the adapted drafter equals plain decoding."""
+
+import hashlib
+import json
+
+import pytest
+
+from dflash_gguf.learn.store import LearnStore, Tags
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from helpers.engine import write_random_drafter, write_tiny_llama
+    folder = tmp_path_factory.mktemp("adapt")
+    target = write_tiny_llama(folder / "t.gguf", text=True, n_layer=3, seed=4)
+    drafter = write_random_drafter(target, folder / "d.gguf", taps=[1, 3], n_layers=1, block_size=4, n_head=4,
+                                   n_head_kv=2, head_dim=16, n_ff=128)
+    prompts = folder / "prompts.jsonl"        # the drafter's "training prompts": completions (no chat template)
+    prompts.write_text("".join(json.dumps({"category": "chat", "format": "completion",
+                                           "prompt": f"t{i % 29 + 3} t{(i * 7) % 29 + 3}"}) + "\n" for i in range(24)))
+    return folder, target, drafter, prompts
+
+
+def cli(*args):
+    from dflash_gguf.cli import main
+    try:
+        main([str(a) for a in args])
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_run_learn_records_the_prompt_and_answer_it_printed(tiny, tmp_path, capsys):
+    folder, target, drafter, _ = tiny
+    code = cli("run", "-m", target, "-md", drafter, "-p", "t5 t9 t11", "-n", "12", "-t", "1", "--json",
+               "--no-compare", "--learn", tmp_path / "learn")
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    (conv,) = LearnStore(tmp_path / "learn").read()
+    assert conv.answer == out["tokens"] and len(conv.answer) == 12
+    assert out["stats"]["n_prompt"] == len(conv.prompt)
+    assert conv.tags.target_sha256 == sha(target) and conv.tags.drafter_sha256 == sha(drafter)
+    assert conv.tags.template_sha256 is None                       # a raw prompt, no chat template
+    assert cli("run", "-m", target, "-md", drafter, "-p", "t5", "-n", "4", "-t", "1", "--json", "--no-compare") == 0
+    assert len(LearnStore(tmp_path / "learn").read()) == 1          # without --learn nothing is recorded
+
+
+def test_a_store_from_another_target_is_refused_in_one_line(tiny, tmp_path, capsys):
+    folder, target, drafter, _ = tiny
+    LearnStore(tmp_path / "learn").record(Tags("other.gguf", "0" * 64), [1, 2, 3], [4, 5, 6])
+    LearnStore(tmp_path / "learn").record(Tags("other.gguf", "0" * 64), [1, 2], [4, 5])
+    code = cli("train", "--adapt", tmp_path / "learn", "-m", target, "-md", drafter, "-o", tmp_path / "new.gguf")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "recorded with other.gguf" in err and "not -m t.gguf" in err
+    assert not (tmp_path / "new.gguf").exists()
+
+
+def test_the_drafter_being_adapted_is_never_the_output(tiny, tmp_path, capsys):
+    folder, target, drafter, _ = tiny
+    before = sha(drafter)
+    code = cli("train", "--adapt", tmp_path, "-m", target, "-md", drafter, "-o", drafter, "--force")
+    assert code == 2 and "that is the drafter being adapted" in capsys.readouterr().err
+    assert sha(drafter) == before
+
+
+@pytest.mark.slow
+def test_adapt_writes_a_new_drafter_that_decodes_losslessly(tiny, tmp_path, capsys):
+    from dflash_gguf.engine.session import Engine
+    from dflash_gguf.engine.sampling import SamplingParams
+    from dflash_gguf.settings import EngineSettings
+    folder, target, drafter, prompts = tiny
+    learn = tmp_path / "learn"
+    for i in range(6):                       # one user's traffic, recorded as `run --learn` records it
+        p = " ".join(f"t{(i * 5 + k) % 29 + 3}" for k in range(4))
+        assert cli("run", "-m", target, "-md", drafter, "-p", p, "-n", "24", "-t", "1", "--json", "--no-compare",
+                   "--learn", learn) == 0
+    capsys.readouterr()
+    before = sha(drafter)
+    out = tmp_path / "adapted.gguf"
+    code = cli("train", "--adapt", learn, "-m", target, "-md", drafter, "-o", out, "--prompts", prompts,
+               "--max-minutes", "0.1", "-t", "1", "--work-dir", tmp_path / "work", "--data-dir", tmp_path / "replay")
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert sha(drafter) == before and out.is_file()
+    record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
+    assert record["recorded_train"] == 5 and record["recorded_held_back"] == 1 and record["replayed"] == 5
+    assert record["tau_after"]["held_back"] >= 1.0 and record["tau_before"]["general"] >= 1.0
+    assert record["labelled_rows"] > 0
+    assert "held-back recorded requests" in captured.out
+
+    engine = Engine(EngineSettings(target=target, drafter=out, n_ctx=256, n_threads=1, adaptive=False, draft_max=3))
+    try:
+        assert engine.drafter_model.path == out
+        prompt = engine.target_model.tokenize("t5 t9 t11 t4", add_special=True)
+        plain = engine.generate(prompt, 40, SamplingParams(), speculative=False)
+        spec = engine.generate(prompt, 40, SamplingParams())
+        assert spec.n_drafted > 0 and spec.tokens == plain.tokens
+    finally:
+        engine.close()
