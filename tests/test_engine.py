@@ -249,7 +249,7 @@ def test_long_prompt_injects_in_ubatch_chunks(tiny_target, tmp_path):
 
 def test_prompt_longer_than_context_is_a_clear_error(tiny_target):
     plain = SpecDecoder(tiny_target, None, DraftLengthPolicy(1, adaptive=False))
-    with pytest.raises(ContextOverflow, match="does not fit the context of 512 tokens"):
+    with pytest.raises(ContextOverflow, match="the prompt alone is 601 tokens and the context holds 512 positions"):
         plain.generate([1] + [5] * 600, 8)
 
 

@@ -85,12 +85,12 @@ def run_tau(settings, options, template_choice=None) -> dict:
     """`bench --tau`: the report of τ on the bench prompts, with the files and settings it was measured with."""
     import os  # noqa: PLC0415
 
-    from ..engine.session import check_inputs, require_native  # noqa: PLC0415
+    from ..engine.session import check_inputs  # noqa: PLC0415
     from .prompts import read_rows  # noqa: PLC0415
-    target, drafter = check_inputs(settings)
+    inputs = check_inputs(settings)
+    target, drafter = inputs.target, inputs.drafter
     if drafter is None:
         raise UserError("--tau measures a drafter: give one with -md (--draft-source lookup has none)")
-    require_native(settings)
     threads = settings.n_threads or os.cpu_count() or 1
     template = None if template_choice is None else template_choice.text
     report = measure_tau(drafter, target, read_rows(options.prompts, options.limit), options.n_predict, threads,

@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
     ):
         """Generate with DFlash speculative decoding (lossless); without -m/-md runs the embedded default."""
         from ..settings import EngineSettings
-        from .session import Engine, check_inputs, require_native
+        from .session import Engine
 
         demo = prompt is None and file is None
         if prompt is not None and file is not None:
@@ -56,14 +56,9 @@ def register(app: typer.Typer) -> None:
         from ..textgen.chat import read_choice
         template_choice = read_choice(chat_template)
         settings = EngineSettings.from_env(target=model, drafter=draft, **engine_options)
-        check_inputs(settings, speculative=not plain)
-        require_native(settings)
         engine = Engine(settings, speculative=not plain)
         try:
             tokens = _prompt_tokens(engine, prompt, chat, think, template_choice)
-            if len(tokens) + 1 > settings.n_ctx:
-                raise UserError(f"-c {settings.n_ctx}: the prompt alone is {len(tokens)} tokens; "
-                                f"pass -c {len(tokens) + n_predict} or more (prompt + -n)")
             report = _generate(engine, tokens, n_predict, sampling, stream=not as_json, speculative=not plain)
             if compare and not plain:
                 base = engine.generate(tokens, n_predict, sampling, speculative=False)
