@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
+from dflash_gguf.packaged_models import smollm2_q4_1  # noqa: E402
 
 DRAFTER = ROOT / "dflash_gguf" / "assets" / "smollm2-135m-instruct.dflash-q8_0.gguf"
 EVAL = ROOT.parent / "shared" / "prompts"

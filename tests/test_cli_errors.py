@@ -11,7 +11,7 @@ import pytest
 
 from dflash_gguf.assets import ASSETS
 from dflash_gguf.cli import main
-from dflash_gguf.targets import smollm2_q4_1
+from dflash_gguf.packaged_models import smollm2_q4_1
 
 DRAFTER = ASSETS / "smollm2-135m-instruct.dflash-q8_0.gguf"
 

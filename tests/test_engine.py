@@ -322,7 +322,7 @@ def test_greedy_equality_on_smollm2(precision):
     """Real weights (the embedded SmolLM2-135M-Instruct: Q4_1 with its Q8_0 output head, and an F16 copy),
     21 real prompts x 128 tokens, oracle drafts with every accept/reject pattern: token for token equal
     to plain greedy decoding, no tie allowance (batch-invariant CPU kernels, tests/test_exactness.py)."""
-    from dflash_gguf.targets import smollm2
+    from dflash_gguf.packaged_models import smollm2
     from helpers.engine import project_prompts
     prompts = project_prompts(per_category=7)
     assert len(prompts) >= N_PROMPTS

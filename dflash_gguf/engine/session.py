@@ -28,7 +28,7 @@ LOOKUP_BLOCK = 16             # most tokens + 1 a lookup continuation verifies w
 
 
 def default_target() -> Path:
-    from ..targets import smollm2_q4_1  # noqa: PLC0415
+    from ..packaged_models import smollm2_q4_1  # noqa: PLC0415
     return smollm2_q4_1()
 
 
