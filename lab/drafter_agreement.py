@@ -51,7 +51,7 @@ from dflash_gguf.train.acceptance import Walk, leading_correct  # noqa: E402
 from dflash_gguf.train.dataset import FeatureDataset  # noqa: E402
 from dflash_gguf.train.harvest import DatasetWriter  # noqa: E402
 from dflash_gguf.bench.tau import NativeDraftProbe  # noqa: E402
-from dflash_gguf.train.target_weights import embedding_and_head  # noqa: E402
+from dflash_gguf.train.frozen_weights import embedding_and_head  # noqa: E402
 
 if a.threads:
     torch.set_num_threads(a.threads)

@@ -133,7 +133,7 @@ def _tiny_dspark(tmp_path, **settings):
     from dflash_gguf.target_file import TargetFile
     from dflash_gguf.train.harvest import DatasetWriter
     from dflash_gguf.train.pipeline import drafter_config
-    from dflash_gguf.train.target_weights import embedding_and_head
+    from dflash_gguf.train.frozen_weights import embedding_and_head
     from dflash_gguf.train.trainer import Trainer, TrainSettings
     from helpers.engine import write_tiny_llama
     target = write_tiny_llama(tmp_path / "target.gguf", n_vocab=N_VOCAB, n_embd=H, n_layer=3, seed=4)

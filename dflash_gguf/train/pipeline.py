@@ -38,8 +38,8 @@ def parse_taps(spec: str, n_target_layers: int) -> list[int]:
 
 def drafter_config(target: TargetFile, taps: list[int], n_layers: int, block_size: int) -> DrafterConfig:
     """Same attention/MLP geometry as the target's layers, so draft layers can start as target layers, and the
-    target's embedding scale, activation and norms (target_arch.py)."""
-    from .target_arch import traits  # noqa: PLC0415
+    target's embedding scale, activation and norms (arch_traits.py)."""
+    from .arch_traits import traits  # noqa: PLC0415
     arch = traits(target.arch, target.n_embd)
     return DrafterConfig(hidden_size=target.n_embd, intermediate_size=target.n_ff, n_layers=n_layers,
                          n_heads=target.n_head, n_kv_heads=target.n_head_kv, head_dim=target.head_dim,
@@ -69,7 +69,7 @@ def build_trainer(target: TargetFile, data, settings: TrainSettings, draft_vocab
     """(Trainer, draft vocabulary or None) for `target` on a harvested dataset; the draft vocabulary, when
     asked for, is the K tokens the target wrote most in the training sequences. `init_drafter`: start from
     the weights of a drafter GGUF of this target (e.g. one trained on a GPU) instead of the target's layers."""
-    from .target_weights import embedding_and_head, layer_init  # noqa: PLC0415
+    from .frozen_weights import embedding_and_head, layer_init  # noqa: PLC0415
     config = drafter_config(target, data.taps, settings.n_layers, settings.block_size)
     embed, head = embedding_and_head(target)
     vocab = None
