@@ -43,7 +43,7 @@ a = ap.parse_args()
 
 import torch  # noqa: E402
 
-from dflash_gguf.convert.sources import read_source  # noqa: E402
+from dflash_gguf.convert.checkpoint_formats import read_source  # noqa: E402
 from dflash_gguf.target_file import TargetFile  # noqa: E402
 from dflash_gguf.drafter.torch_ref import DFlashDrafter  # noqa: E402
 from dflash_gguf.textgen.prompting import format_prompt  # noqa: E402

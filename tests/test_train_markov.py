@@ -282,7 +282,7 @@ def test_the_engine_chains_the_head_over_the_draft_vocabulary_as_torch_does(tmp_
 def test_w1_spans_the_vocabulary_w2_the_draft_one_and_the_file_reads_back(tmp_path, dspark):
     """llama.cpp indexes W1 by any target token (create_tensor {rank, n_vocab}) and W2 gives one bias per head
     row ({rank, n_vocab_draft}); the validator asks the same, and our reader/writer round-trip the pair."""
-    from dflash_gguf.convert.sources import read_source
+    from dflash_gguf.convert.checkpoint_formats import read_source
     from dflash_gguf.target_file import TargetFile
     from dflash_gguf.convert.writer import write_dflash_gguf
     from dflash_gguf.gguf_check import BadModelFile, check_drafter, parse_header

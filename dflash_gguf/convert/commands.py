@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         """Normalise a DFlash drafter into one validated upstream `dflash` GGUF for TARGET."""
         from ..target_file import TargetFile
         from .checks import fit_warnings
-        from .sources import read_source
+        from .checkpoint_formats import read_source
         from .writer import ConvertError, write_dflash_gguf
         if out.exists() and not force:       # before reading a possibly large source
             raise ConvertError(f"{out} exists; pass --force to overwrite it")

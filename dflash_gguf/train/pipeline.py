@@ -82,7 +82,7 @@ def build_trainer(target: TargetFile, data, settings: TrainSettings, draft_vocab
                       draft_vocab=vocab.token_ids if vocab is not None else None)
     trainer.arch = target.arch
     if init_drafter is not None:
-        from ..convert.sources import read_source  # noqa: PLC0415
+        from ..convert.checkpoint_formats import read_source  # noqa: PLC0415
         src = read_source(str(init_drafter), target)
         trainer.load_weights(src.tensors, str(init_drafter))
         trainer.init_record = init_record(init_drafter, src.train_metadata)
