@@ -18,7 +18,7 @@ class ConvertError(UserError):
     """The drafter cannot be converted as asked; the message says why and what to do."""
 
 
-def fit_problems(config: DrafterConfig, target: TargetFile) -> list[str]:
+def config_fit_problems(config: DrafterConfig, target: TargetFile) -> list[str]:
     """Every reason this drafter cannot run with this target (empty: it can)."""
     c = config
     problems = shared_fit_problems(c.hidden_size, list(c.target_layers), c.mask_token_id, c.vocab_size,
@@ -34,8 +34,9 @@ def fit_problems(config: DrafterConfig, target: TargetFile) -> list[str]:
     return problems + c.member.problems(c.hidden_size, c.member_settings())
 
 
-def check_fits(config: DrafterConfig, target: TargetFile, source: str) -> None:
-    refuse_misfit(source, target.path, fit_problems(config, target), ConvertError)
+def check_config_fits(config: DrafterConfig, target: TargetFile, source: str) -> None:
+    """Refuse to write a drafter whose configuration cannot run with this target (ConvertError)."""
+    refuse_misfit(source, target.path, config_fit_problems(config, target), ConvertError)
 
 
 def fit_warnings(config: DrafterConfig, target: TargetFile, trained_for: str | None = None,

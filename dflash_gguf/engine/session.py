@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import RunFailure, SetupError, UserError
-from ..gguf_check import check_drafter, check_fits
+from ..gguf_check import check_drafter, check_header_fits
 from ..native.wrappers import ContextSettings, Model, ModelLoadError, TensorOverride
 from ..paths import cache_root
 from ..settings import EngineSettings
@@ -336,7 +336,7 @@ def check_inputs(settings: EngineSettings, *, speculative: bool = True) -> Engin
     wants_drafter = speculative and (settings.draft_source != "lookup" or settings.drafter is not None)
     drafter_path = (settings.drafter or default_drafter(target_path)) if wants_drafter else None
     if drafter_path is not None:
-        check_fits(check_drafter(drafter_path), target.header)
+        check_header_fits(check_drafter(drafter_path), target.header)
     require_native(settings)
     return EngineInputs(settings, target_path, drafter_path)
 
