@@ -47,7 +47,7 @@ from dflash_gguf.convert.checkpoint_formats import read_source  # noqa: E402
 from dflash_gguf.target_file import TargetFile  # noqa: E402
 from dflash_gguf.drafter.torch_ref import DFlashDrafter  # noqa: E402
 from dflash_gguf.textgen.prompting import format_prompt  # noqa: E402
-from dflash_gguf.train.acceptance import Walk, leading_correct  # noqa: E402
+from dflash_gguf.engine.acceptance import Walk, leading_correct  # noqa: E402
 from dflash_gguf.train.dataset import FeatureDataset  # noqa: E402
 from dflash_gguf.train.harvest import DatasetWriter  # noqa: E402
 from dflash_gguf.bench.tau import NativeDraftProbe  # noqa: E402

@@ -102,7 +102,7 @@ def run_tau(settings, options, template_choice=None) -> dict:
 def measure_tau(drafter: Path, target: Path, prompts: list[dict], max_tokens: int = 128,
                 n_threads: int = 0, template: str | None = None) -> TauReport:
     from ..textgen.prompting import format_prompt  # noqa: PLC0415
-    from ..train.acceptance import Walk  # noqa: PLC0415
+    from ..engine.acceptance import Walk  # noqa: PLC0415
 
     probe = NativeDraftProbe(target, drafter, n_threads)
     block, n_ctx = probe.block, probe.N_CTX

@@ -383,7 +383,7 @@ class Trainer:
         """Loss and greedy acceptance on held-out sequences, over the columns inference proposes from: every
         anchor of each target-written span is drafted, then the span is walked as a greedy speculative run
         walks it (acceptance.py), so this τ and the engine's count the same thing."""
-        from .acceptance import Walk, leading_correct  # noqa: PLC0415
+        from ..engine.acceptance import Walk, leading_correct  # noqa: PLC0415
         torch = self.torch
         B = self.config.block_size
         loss_sum, weight_sum, anchor_runs = 0.0, 0.0, []
