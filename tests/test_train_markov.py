@@ -129,7 +129,7 @@ def _tiny_dspark(tmp_path, **settings):
     80-token draft vocabulary after a few steps, its Markov head then made large enough to change drafts (a few
     steps leave it small)."""
     rank, k = 64, 80
-    from dflash_gguf.convert import draft_vocab as dv
+    from dflash_gguf.drafter import draft_vocab as dv
     from dflash_gguf.target_file import TargetFile
     from dflash_gguf.train.harvest import DatasetWriter
     from dflash_gguf.train.pipeline import drafter_config

@@ -10,7 +10,7 @@ from ..drafter.config import DrafterConfig
 from ..errors import UserError
 from ..gguf_check import fit_problems as shared_fit_problems, refuse_misfit
 from ..target_file import TargetFile
-from .names import hf_tensor_name
+from ..drafter.tensor_names import hf_tensor_name
 from .normalized import same_model_name
 
 

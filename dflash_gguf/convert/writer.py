@@ -16,9 +16,9 @@ from .. import gguf_family
 from ..drafter.config import DrafterConfig
 from ..target_file import TargetFile
 from .checks import ConvertError, check_config_fits, check_shapes
-from .draft_vocab import DraftVocab
+from ..drafter.draft_vocab import DraftVocab
 from .hparams import write_hparams
-from .names import gguf_tensor_name
+from ..drafter.tensor_names import gguf_tensor_name
 
 __all__ = ["ARCH", "OUTTYPES", "ConvertError", "add_decoder_hparams", "add_target_tokenizer", "finish", "write_dflash_gguf"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..convert.names import LAYER_NAMES
+from ..drafter.tensor_names import LAYER_NAMES
 from ..target_file import TargetFile
 
 

@@ -74,7 +74,7 @@ def build_trainer(target: TargetFile, data, settings: TrainSettings, draft_vocab
     embed, head = embedding_and_head(target)
     vocab = None
     if draft_vocab:
-        from ..convert import draft_vocab as dv  # noqa: PLC0415
+        from ..drafter import draft_vocab as dv  # noqa: PLC0415
         counts = np.bincount(data.written_tokens(data.split()[0]), minlength=embed.shape[0])
         vocab = dv.build(target, counts, draft_vocab, target.eog_ids)
     init = layer_init(target, max(data.taps), settings.n_layers) if settings.init_from_target else None
@@ -193,7 +193,7 @@ def train_drafter(target: TargetFile, out: Path, prompts: list[dict], work_dir: 
         record["labelled_rows_in_all"] = before["labelled_rows_in_all"] + trainer.rows_seen
         record["response_tokens_in_all"] = before["response_tokens_in_all"] + record["response_tokens"]
     if vocab is not None:
-        from ..convert import draft_vocab as dv  # noqa: PLC0415
+        from ..drafter import draft_vocab as dv  # noqa: PLC0415
         counts = np.bincount(data.written_tokens(), minlength=trainer.n_vocab)
         record["draft_vocab"] = {"size": vocab.size, "coverage_of_training_tokens": dv.coverage(vocab.token_ids, counts)}
     export(trainer, target, out, record, vocab, outtype=outtype, force=force)

@@ -454,6 +454,6 @@ class Trainer:
         out = {k: v.detach().float().cpu().numpy() for k, v in self.model.state_dict().items()}
         w2 = "markov_head.markov_w2.weight"
         if w2 in out and self.draft_vocab is not None:
-            from ..convert.draft_vocab import rows_over_vocab  # noqa: PLC0415
+            from ..drafter.draft_vocab import rows_over_vocab  # noqa: PLC0415
             out[w2] = rows_over_vocab(out[w2], self.draft_vocab.cpu().numpy(), self.n_vocab)
         return out
