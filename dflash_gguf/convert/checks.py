@@ -6,32 +6,16 @@ import math
 
 import numpy as np
 
-from ..drafter.config import DrafterConfig
-from ..errors import UserError
-from ..gguf_check import fit_problems as shared_fit_problems, refuse_misfit
-from ..target_file import TargetFile
+from ..drafter.config import DrafterConfig, config_fit_problems
 from ..drafter.tensor_names import hf_tensor_name
+from ..errors import UserError
+from ..gguf_check import refuse_misfit
+from ..target_file import TargetFile
 from .normalized import same_model_name
 
 
 class ConvertError(UserError):
     """The drafter cannot be converted as asked; the message says why and what to do."""
-
-
-def config_fit_problems(config: DrafterConfig, target: TargetFile) -> list[str]:
-    """Every reason this drafter cannot run with this target (empty: it can)."""
-    c = config
-    problems = shared_fit_problems(c.hidden_size, list(c.target_layers), c.mask_token_id, c.vocab_size,
-                                   target.n_embd, target.n_layer, target.n_vocab)
-    if c.head_dim % 2:
-        problems.append(f"head dim {c.head_dim} is odd (RoPE needs an even head dim)")
-    if not (math.isfinite(c.rope_theta) and c.rope_theta > 1):
-        problems.append(f"rope base {c.rope_theta} is not a usable RoPE base")
-    if c.block_size < 2:
-        problems.append(f"block size {c.block_size} leaves no slot to draft (needs >= 2)")
-    if not c.target_layers:
-        problems.append("no target layers")
-    return problems + c.member.problems(c.hidden_size, c.member_settings())
 
 
 def check_config_fits(config: DrafterConfig, target: TargetFile, source: str) -> None:

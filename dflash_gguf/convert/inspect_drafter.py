@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..drafter.config import config_fit_problems
 from ..gguf_reader import open_gguf
 from ..target_file import TargetFile
-from .checks import config_fit_problems, fit_warnings
+from .checks import fit_warnings
 from .flavours import detect_flavour, normalize_gguf
 
 

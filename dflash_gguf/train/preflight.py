@@ -38,7 +38,7 @@ class Preflight:
 
 def check_shape(target: TargetFile, taps: list[int], n_layers: int, block_size: int, draft_vocab: int | None) -> None:
     """The drafter this run would export is a valid one for this target."""
-    from ..convert.checks import config_fit_problems  # noqa: PLC0415
+    from ..drafter.config import config_fit_problems  # noqa: PLC0415
     from .pipeline import drafter_config  # noqa: PLC0415
     if target.n_ff <= 0:
         raise UserError(f"-m {target.path}: the GGUF gives no {target.arch}.feed_forward_length; the drafter's MLP "
