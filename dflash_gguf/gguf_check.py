@@ -442,7 +442,7 @@ def check_drafter(path: str | Path, target: str | Path | None = None) -> GGUFHea
              what="a drafter needs its mask token: convert it again with dflash-gguf convert")
     check_family(h)
     if target is not None:
-        check_fits(h, check_target(target))
+        check_header_fits(h, check_target(target))
     return h
 
 
@@ -505,7 +505,9 @@ def fit_problems(n_embd: int, taps: list[int], mask_token: int, n_vocab: int | N
     return problems
 
 
-def check_fits(drafter: GGUFHeader, target: GGUFHeader) -> None:
+def check_header_fits(drafter: GGUFHeader, target: GGUFHeader) -> None:
+    """Refuse a drafter whose header says it cannot read this target's hidden states (the engine's and the
+    validator's check; convert checks the config it writes with convert/checks.check_config_fits)."""
     t_arch = target.arch
     problems = fit_problems(
         int(drafter.value(f"{DRAFTER_ARCH}.embedding_length")), [int(t) for t in

@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
+from dflash_gguf.packaged_models import smollm2_q4_1  # noqa: E402
 
 DRAFTER = ROOT / "dflash_gguf" / "assets" / "smollm2-135m-instruct.dflash-q8_0.gguf"
 EVAL = ROOT.parent / "shared" / "prompts"
@@ -43,15 +43,15 @@ a = ap.parse_args()
 
 import torch  # noqa: E402
 
-from dflash_gguf.convert.sources import read_source  # noqa: E402
+from dflash_gguf.convert.checkpoint_formats import read_source  # noqa: E402
 from dflash_gguf.target_file import TargetFile  # noqa: E402
 from dflash_gguf.drafter.torch_ref import DFlashDrafter  # noqa: E402
 from dflash_gguf.textgen.prompting import format_prompt  # noqa: E402
-from dflash_gguf.train.acceptance import Walk, leading_correct  # noqa: E402
+from dflash_gguf.engine.acceptance import Walk, leading_correct  # noqa: E402
 from dflash_gguf.train.dataset import FeatureDataset  # noqa: E402
 from dflash_gguf.train.harvest import DatasetWriter  # noqa: E402
 from dflash_gguf.bench.tau import NativeDraftProbe  # noqa: E402
-from dflash_gguf.train.target_weights import embedding_and_head  # noqa: E402
+from dflash_gguf.train.frozen_weights import embedding_and_head  # noqa: E402
 
 if a.threads:
     torch.set_num_threads(a.threads)

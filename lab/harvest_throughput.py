@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
+from dflash_gguf.packaged_models import smollm2_q4_1  # noqa: E402
 from dflash_gguf.target_file import TargetFile  # noqa: E402
 from dflash_gguf.train.harvest import HarvestSettings, harvest  # noqa: E402
 from dflash_gguf.corpus.prompts import load  # noqa: E402

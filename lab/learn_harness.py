@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from dflash_gguf.assets import shipped_drafter_for  # noqa: E402
 from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS, HELD_BACK_FROM, general_set, load  # noqa: E402
-from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
+from dflash_gguf.packaged_models import smollm2_q4_1  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "prompts"
 # one person's kind of traffic: sources of the shipped set's held-back part (prefix of `source`)

@@ -46,7 +46,7 @@ print(f"stage 1: {len(rows)} prompts, {len(requests)} self-instruct requests", f
 
 if requests:
     from dflash_gguf.native.wrappers import Model  # noqa: E402
-    from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
+    from dflash_gguf.packaged_models import smollm2_q4_1  # noqa: E402
     from dflash_gguf.target_file import TargetFile  # noqa: E402
     from dflash_gguf.train.harvest import HarvestSettings, harvest  # noqa: E402
     target = a.model or smollm2_q4_1()

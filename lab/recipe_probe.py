@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
+from dflash_gguf.packaged_models import smollm2_q4_1  # noqa: E402
 from lab import smollm2_recipe as recipe  # noqa: E402
 from dflash_gguf.train.dataset import FeatureDataset  # noqa: E402
 from dflash_gguf.target_file import TargetFile  # noqa: E402

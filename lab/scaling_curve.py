@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
+from dflash_gguf.packaged_models import smollm2_q4_1  # noqa: E402
 from dflash_gguf.bench.prompts import read_rows  # noqa: E402
 from dflash_gguf.bench.tau import measure_tau  # noqa: E402
 from dflash_gguf.target_file import TargetFile  # noqa: E402

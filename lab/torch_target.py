@@ -26,7 +26,7 @@ def hf_llama_from_gguf(target: Path, device: str = "cpu", dtype: str = "float32"
     from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
 
     from dflash_gguf.target_file import TargetFile  # noqa: PLC0415
-    from dflash_gguf.train.target_weights import embedding_and_head, layer_init  # noqa: PLC0415
+    from dflash_gguf.train.frozen_weights import embedding_and_head, layer_init  # noqa: PLC0415
     g = TargetFile.open(target)
     if g.arch not in SUPPORTED:
         raise UserError(f"{target}: a torch target exists for {sorted(SUPPORTED)} only, not {g.arch}; "

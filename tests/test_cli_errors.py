@@ -11,7 +11,7 @@ import pytest
 
 from dflash_gguf.assets import ASSETS
 from dflash_gguf.cli import main
-from dflash_gguf.targets import smollm2_q4_1
+from dflash_gguf.packaged_models import smollm2_q4_1
 
 DRAFTER = ASSETS / "smollm2-135m-instruct.dflash-q8_0.gguf"
 
@@ -108,7 +108,7 @@ def test_a_context_below_the_prompt_is_refused(tmp_path, capsys):
     prompt = tmp_path / "long.txt"
     prompt.write_text("word " * 300)
     code, line = _fails(capsys, ["run", "--plain", "-f", str(prompt), "-c", "128", "-n", "4"])
-    assert code == 2 and "-c 128: the prompt alone is" in line and "pass -c" in line
+    assert code == 2 and "the prompt alone is 301 tokens" in line and "pass -c 305 or more" in line
 
 
 def _no_tensors(tmp_path):

@@ -11,8 +11,8 @@ import pytest
 from helpers.convert import random_drafter, state_numpy, write_flavoured_gguf, write_zlab_folder
 from dflash_gguf.convert.flavours import FLAVOURS, UNSUPPORTED
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
-from dflash_gguf.convert.names import GLOBAL_NAMES, LAYER_NAMES
-from dflash_gguf.convert.sources import read_source
+from dflash_gguf.drafter.tensor_names import GLOBAL_NAMES, LAYER_NAMES
+from dflash_gguf.convert.checkpoint_formats import read_source
 from dflash_gguf.target_file import TargetFile
 from dflash_gguf.convert.writer import write_dflash_gguf
 from dflash_gguf.drafter.config import DrafterConfig, official_target_layer_ids

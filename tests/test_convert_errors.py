@@ -10,7 +10,7 @@ import pytest
 
 from helpers.convert import random_drafter, state_numpy, write_zlab_folder
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
-from dflash_gguf.convert.sources import read_source
+from dflash_gguf.convert.checkpoint_formats import read_source
 from dflash_gguf.target_file import TargetFile
 from dflash_gguf.convert.writer import ConvertError, finish, write_dflash_gguf
 from dflash_gguf.drafter.config import DrafterConfig

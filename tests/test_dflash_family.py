@@ -14,7 +14,7 @@ from helpers.convert import write_flavoured_gguf
 from dflash_gguf import gguf_check
 from dflash_gguf.convert.flavours import FLAVOURS, detect_flavour, normalize_gguf
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
-from dflash_gguf.convert.sources import read_source
+from dflash_gguf.convert.checkpoint_formats import read_source
 from dflash_gguf.target_file import TargetFile
 from dflash_gguf.convert.writer import write_dflash_gguf
 from dflash_gguf.errors import UserError

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_gguf.convert import draft_vocab as dv
+from dflash_gguf.drafter import draft_vocab as dv
 from dflash_gguf.convert.flavours import detect_flavour, normalize_gguf
 from dflash_gguf.convert.inspect_drafter import inspect_drafter
 from dflash_gguf.target_file import TargetFile

@@ -32,7 +32,7 @@ def _config(variant: str) -> DrafterConfig:
         "yarn-scaled": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
                                          "attention_factor": 1.3},
                         "embedding_scale": 2.0},
-        # what a drafter trained for Gemma 2/3 borrows (train/target_arch.py): √H embeddings, GeGLU, post norms
+        # what a drafter trained for Gemma 2/3 borrows (train/arch_traits.py): √H embeddings, GeGLU, post norms
         "gemma-style": {"embedding_scale": H ** 0.5, "hidden_act": "gelu", "post_norms": True},
     }[variant]
     return DrafterConfig(hidden_size=H, intermediate_size=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,

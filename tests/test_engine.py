@@ -249,7 +249,7 @@ def test_long_prompt_injects_in_ubatch_chunks(tiny_target, tmp_path):
 
 def test_prompt_longer_than_context_is_a_clear_error(tiny_target):
     plain = SpecDecoder(tiny_target, None, DraftLengthPolicy(1, adaptive=False))
-    with pytest.raises(ContextOverflow, match="does not fit the context of 512 tokens"):
+    with pytest.raises(ContextOverflow, match="the prompt alone is 601 tokens and the context holds 512 positions"):
         plain.generate([1] + [5] * 600, 8)
 
 
@@ -322,7 +322,7 @@ def test_greedy_equality_on_smollm2(precision):
     """Real weights (the embedded SmolLM2-135M-Instruct: Q4_1 with its Q8_0 output head, and an F16 copy),
     21 real prompts x 128 tokens, oracle drafts with every accept/reject pattern: token for token equal
     to plain greedy decoding, no tie allowance (batch-invariant CPU kernels, tests/test_exactness.py)."""
-    from dflash_gguf.targets import smollm2
+    from dflash_gguf.packaged_models import smollm2
     from helpers.engine import project_prompts
     prompts = project_prompts(per_category=7)
     assert len(prompts) >= N_PROMPTS

@@ -23,7 +23,7 @@ def _tokens(model: Model, n: int) -> list[int]:
 
 
 def _target_file(precision: str):
-    from dflash_gguf.targets import gemma3_270m, smollm2
+    from dflash_gguf.packaged_models import gemma3_270m, smollm2
     return gemma3_270m() if precision == "gemma3" else smollm2(precision)
 
 

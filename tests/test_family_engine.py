@@ -33,7 +33,7 @@ def _never_stop(_token: int) -> bool:
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from dflash_gguf.targets import smollm2 as path
+    from dflash_gguf.packaged_models import smollm2 as path
     return path("q4_1")
 
 

@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 
 from dflash_gguf.convert.flavours import detect_flavour, normalize_gguf
-from dflash_gguf.convert.names import gguf_tensor_name
-from dflash_gguf.convert.sources import read_source
+from dflash_gguf.drafter.tensor_names import gguf_tensor_name
+from dflash_gguf.convert.checkpoint_formats import read_source
 from dflash_gguf.target_file import TargetFile
 from dflash_gguf.convert.writer import write_dflash_gguf
 from dflash_gguf.engine.sources import open_drafter

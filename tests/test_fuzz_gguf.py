@@ -33,7 +33,7 @@ COMMAND_TIMEOUT_S = 120          # a hang: far above the ~2 s a refused file tak
 
 
 def _sources() -> dict[str, Path]:
-    from dflash_gguf.targets import smollm2_q4_1
+    from dflash_gguf.packaged_models import smollm2_q4_1
     return {"target": smollm2_q4_1(), "drafter": ASSETS / "smollm2-135m-instruct.dflash-q8_0.gguf"}
 
 

@@ -235,7 +235,7 @@ def test_tau_with_the_drafter_on_the_device_matches_the_cpu():
     real SmolLM2 target (on the CPU: bit-exact and fast) with the shipped drafter on the device vs on the CPU:
     greedy output identical to plain, and τ within noise of the CPU's on the same prompts."""
     from dflash_gguf.assets import shipped_drafter_for
-    from dflash_gguf.targets import smollm2_q4_1
+    from dflash_gguf.packaged_models import smollm2_q4_1
     target_path = smollm2_q4_1()
     settings = ContextSettings(n_ctx=1024, n_batch=64, n_ubatch=64, n_threads=2)
     target_model = Model(target_path, devices=("none",))

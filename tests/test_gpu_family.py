@@ -26,7 +26,7 @@ MEMBERS = {"DFlash2": DFlash2Source, "DSpark": DSparkSource}
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from dflash_gguf.targets import smollm2_q4_1
+    from dflash_gguf.packaged_models import smollm2_q4_1
     return smollm2_q4_1()
 
 

@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 @pytest.mark.slow
 def test_gpu_train_job_dry_run_on_cpu_and_its_data_comes_back(tmp_path):
     from dflash_gguf.native.wrappers import Model
-    from dflash_gguf.targets import smollm2_q4_1
+    from dflash_gguf.packaged_models import smollm2_q4_1
     from dflash_gguf.train.dataset import FeatureDataset
     from dflash_gguf.train.refeature import import_tokens
     target = smollm2_q4_1()

@@ -22,7 +22,7 @@ HI = [{"role": "user", "content": "What is the capital of France?"}]
 
 def _make_engine(drafter_dir):
     from dflash_gguf.engine.session import Engine
-    from dflash_gguf.targets import smollm2
+    from dflash_gguf.packaged_models import smollm2
     target = smollm2()
     drafter = write_random_drafter(target, drafter_dir / "drafter.gguf", taps=[1, 15, 28])
     settings = EngineSettings(target=target, drafter=drafter, n_ctx=1024, n_threads=1, adaptive=False, draft_max=3)

@@ -6,7 +6,7 @@ import pytest
 
 from dflash_gguf.assets import ASSETS, manifest, shipped_drafter_for
 from dflash_gguf.native.build import sha256_file
-from dflash_gguf.targets import smollm2
+from dflash_gguf.packaged_models import smollm2
 
 PROMPTS = [  # fixed, not from the training set
     ("chat", "Explain in a few sentences why the sky is blue."),

@@ -192,8 +192,8 @@ def _read_graph_nodes(model: Model, tokens: list[int], names: set[str]) -> dict[
 # embd_node: the embeddings as the first layer sees them (Gemma scales them by sqrt(n_embd))
 @pytest.mark.parametrize("which, embd_node", [("smollm2", "embd"), ("gemma3", "inp_scaled")])
 def test_real_model_taps_equal_cb_eval_layer_outputs(which, embd_node):
-    from dflash_gguf import targets
-    path = targets.smollm2_q4_1() if which == "smollm2" else targets.gemma3_270m()
+    from dflash_gguf import packaged_models
+    path = packaged_models.smollm2_q4_1() if which == "smollm2" else packaged_models.gemma3_270m()
     model = Model(path)
     n_layer = model.n_layer
     taps = [0, 1, n_layer // 2, n_layer]

@@ -12,9 +12,9 @@ from dflash_gguf.target_file import TargetFile
 
 @pytest.mark.parametrize("which, end_of_turn", [("smollm2", "<|im_end|>"), ("gemma3", "<end_of_turn>")])
 def test_eog_ids_are_the_tokens_llama_cpp_ends_on_from_one_shared_model(which, end_of_turn):
-    from dflash_gguf import targets
+    from dflash_gguf import packaged_models
     from dflash_gguf.native.wrappers import Model
-    path = targets.smollm2_q4_1() if which == "smollm2" else targets.gemma3_270m()
+    path = packaged_models.smollm2_q4_1() if which == "smollm2" else packaged_models.gemma3_270m()
     with TargetFile.open(path) as target:
         eog = target.eog_ids
         model = target.model()

@@ -16,7 +16,7 @@ TAPS = [2, 11, 19, 28]
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from dflash_gguf.targets import smollm2_q4_1
+    from dflash_gguf.packaged_models import smollm2_q4_1
     from lab.torch_target import hf_llama_from_gguf
     target = smollm2_q4_1()
     return target, hf_llama_from_gguf(target)[0]

@@ -4,7 +4,7 @@ a greedy speculative run walks it (draft at p, accept k, continue at p + k + 1).
 import numpy as np
 import pytest
 
-from dflash_gguf.train.acceptance import Walk, leading_correct
+from dflash_gguf.engine.acceptance import Walk, leading_correct
 from test_train_objective import MASK, _trainer, _write
 
 

@@ -69,7 +69,7 @@ def test_a_tiny_target_of_each_architecture_trains_exports_and_decodes_losslessl
 
     tm, dm = Model(target), Model(out)
     gemma = info.arch.startswith("gemma")
-    # what the drafter borrows from the target is in the file llama.cpp's dflash graph reads (target_arch.py)
+    # what the drafter borrows from the target is in the file llama.cpp's dflash graph reads (arch_traits.py)
     assert (dm.meta("dflash.hidden_activation") or "silu") == ("gelu" if gemma else "silu")
     scale = dm.meta("dflash.embedding_scale")
     assert (float(scale) == pytest.approx(E ** 0.5)) if gemma else scale is None
@@ -98,7 +98,7 @@ def test_layers_start_as_the_targets_own_with_fused_tensors_split_and_qk_unpermu
     import numpy as np
 
     from dflash_gguf.target_file import TargetFile
-    from dflash_gguf.train.target_weights import layer_init
+    from dflash_gguf.train.frozen_weights import layer_init
 
     def tensor(path, name):
         t = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == name)

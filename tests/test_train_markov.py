@@ -129,11 +129,11 @@ def _tiny_dspark(tmp_path, **settings):
     80-token draft vocabulary after a few steps, its Markov head then made large enough to change drafts (a few
     steps leave it small)."""
     rank, k = 64, 80
-    from dflash_gguf.convert import draft_vocab as dv
+    from dflash_gguf.drafter import draft_vocab as dv
     from dflash_gguf.target_file import TargetFile
     from dflash_gguf.train.harvest import DatasetWriter
     from dflash_gguf.train.pipeline import drafter_config
-    from dflash_gguf.train.target_weights import embedding_and_head
+    from dflash_gguf.train.frozen_weights import embedding_and_head
     from dflash_gguf.train.trainer import Trainer, TrainSettings
     from helpers.engine import write_tiny_llama
     target = write_tiny_llama(tmp_path / "target.gguf", n_vocab=N_VOCAB, n_embd=H, n_layer=3, seed=4)
@@ -282,7 +282,7 @@ def test_the_engine_chains_the_head_over_the_draft_vocabulary_as_torch_does(tmp_
 def test_w1_spans_the_vocabulary_w2_the_draft_one_and_the_file_reads_back(tmp_path, dspark):
     """llama.cpp indexes W1 by any target token (create_tensor {rank, n_vocab}) and W2 gives one bias per head
     row ({rank, n_vocab_draft}); the validator asks the same, and our reader/writer round-trip the pair."""
-    from dflash_gguf.convert.sources import read_source
+    from dflash_gguf.convert.checkpoint_formats import read_source
     from dflash_gguf.target_file import TargetFile
     from dflash_gguf.convert.writer import write_dflash_gguf
     from dflash_gguf.gguf_check import BadModelFile, check_drafter, parse_header

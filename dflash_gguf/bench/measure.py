@@ -50,14 +50,12 @@ def parse_baselines(spec: str) -> list[str]:
 def run(settings, options: BenchOptions, template_choice=None, *, cost_curve_only: bool = False) -> dict:
     """The report of one bench run (or, with `cost_curve_only`, of the cost curve alone). Every arm runs on
     one engine with the drafter loaded (hybrid holds both draft sources); upstream gets our thread count."""
-    from ..engine.session import Engine, check_inputs, require_native
+    from ..engine.session import Engine
     from .prompts import read_rows
     rows = None if cost_curve_only else read_rows(options.prompts, options.limit)
     # the arms need both draft sources; the cost curve alone follows --draft-source (lookup, no -md: verify only)
     settings = replace(settings, n_threads=settings.n_threads or os.cpu_count() or 1,
                        draft_source=settings.draft_source if cost_curve_only else "hybrid")
-    check_inputs(settings)
-    require_native(settings)
     engine = Engine(settings)
     try:
         if cost_curve_only:

@@ -45,18 +45,15 @@ class NativeDraftProbe:
     N_CTX = 2048
 
     def __init__(self, target: Path, drafter: Path, n_threads: int = 0):
+        from ..engine.drafter_driver import DrafterDriver  # noqa: PLC0415
         from ..native.wrappers import Batch, Context, ContextSettings, Model  # noqa: PLC0415
         self.target, self.drafter = Model(target), Model(drafter)
-        self.taps, self.block, self.mask = (self.drafter.target_layer_ids(), self.drafter.block_size(),
-                                            self.drafter.mask_token())
         self.tctx = Context(self.target, ContextSettings(n_ctx=self.N_CTX, n_batch=512, n_ubatch=512,
                                                          n_threads=n_threads))
-        self.dctx = Context(self.drafter, ContextSettings(n_ctx=self.N_CTX, n_batch=64, n_ubatch=64,
-                                                          n_threads=n_threads), other=self.tctx)
-        self.dctx.set_causal(False)
+        self.driver = DrafterDriver(self.drafter, self.tctx, ContextSettings(n_ctx=self.N_CTX, n_batch=64, n_ubatch=64,
+                                                                             n_threads=n_threads))
+        self.taps, self.block = self.driver.taps, self.driver.block_size
         self.tbatch = Batch(self.target.native, 512)
-        self.ebatch = Batch(self.drafter.native, 64, len(self.taps) * self.target.n_embd)
-        self.bbatch = Batch(self.drafter.native, self.block)
         self.injected = 0
 
     def continuation(self, prompt: list[int], max_new: int) -> tuple[list[int], np.ndarray]:
@@ -70,24 +67,21 @@ class NativeDraftProbe:
 
     def restart(self) -> None:
         """Clear the drafter's KV for a new sequence."""
-        self.dctx.clear()
+        self.driver.ctx.clear()
         self.injected = 0
 
     def draft_at(self, seq: list[int], feats: np.ndarray, p: int) -> np.ndarray:
         """[B-1] greedy drafts for slots 1..B-1 of the block anchored at seq[p]; anchors must not go back."""
-        for i in range(self.injected, p, 64):                        # context: every position before p
-            self.ebatch.set_embd(feats[i:min(p, i + 64)], i, "none")
-            self.dctx.decode(self.ebatch, "feature injection")
+        self.driver.inject(feats[self.injected:p], self.injected)     # context: every position before p
         self.injected = p
-        self.bbatch.set_tokens([seq[p]] + [self.mask] * (self.block - 1), p, "all")
-        self.dctx.decode(self.bbatch, "draft")
+        self.driver.decode_block(seq[p], p, self.block)
         # rows 1..B-1: DFlash, and DSpark as `train --markov-rank` writes it (the graph applies its Markov chain)
-        drafts = np.asarray(self.dctx.logits_all(self.block))[1:].argmax(axis=1)
-        self.dctx.seq_rm(p, -1)                                      # the block's own K/V are never kept
+        drafts = np.asarray(self.driver.logits(self.block))[1:].argmax(axis=1)
+        self.driver.drop_block(p)
         return drafts
 
     def close(self) -> None:
-        for obj in (self.bbatch, self.ebatch, self.tbatch, self.dctx, self.tctx, self.drafter, self.target):
+        for obj in (self.tbatch, self.driver, self.tctx, self.drafter, self.target):
             obj.close()
 
 
@@ -95,12 +89,12 @@ def run_tau(settings, options, template_choice=None) -> dict:
     """`bench --tau`: the report of τ on the bench prompts, with the files and settings it was measured with."""
     import os  # noqa: PLC0415
 
-    from ..engine.session import check_inputs, require_native  # noqa: PLC0415
+    from ..engine.session import check_inputs  # noqa: PLC0415
     from .prompts import read_rows  # noqa: PLC0415
-    target, drafter = check_inputs(settings)
+    inputs = check_inputs(settings)
+    target, drafter = inputs.target, inputs.drafter
     if drafter is None:
         raise UserError("--tau measures a drafter: give one with -md (--draft-source lookup has none)")
-    require_native(settings)
     threads = settings.n_threads or os.cpu_count() or 1
     template = None if template_choice is None else template_choice.text
     report = measure_tau(drafter, target, read_rows(options.prompts, options.limit), options.n_predict, threads,
@@ -135,7 +129,7 @@ def continuations(probe: NativeDraftProbe, prompts: list[dict], max_tokens: int,
 
 def walk_tau(probe: NativeDraftProbe, conts: list[Continuation]) -> TauReport:
     """τ of the probe's drafter along each continuation, as a greedy speculative run would accept its drafts."""
-    from ..train.acceptance import Walk  # noqa: PLC0415
+    from ..engine.acceptance import Walk  # noqa: PLC0415
     block = probe.block
     walk = Walk()
     calls: dict[str, int] = {}

@@ -6,11 +6,11 @@ import math
 
 import numpy as np
 
-from ..drafter.config import DrafterConfig
+from ..drafter.config import DrafterConfig, config_fit_problems
+from ..drafter.tensor_names import hf_tensor_name
 from ..errors import UserError
-from ..gguf_check import fit_problems as shared_fit_problems, refuse_misfit
+from ..gguf_check import refuse_misfit
 from ..target_file import TargetFile
-from .names import hf_tensor_name
 from .normalized import same_model_name
 
 
@@ -18,24 +18,9 @@ class ConvertError(UserError):
     """The drafter cannot be converted as asked; the message says why and what to do."""
 
 
-def fit_problems(config: DrafterConfig, target: TargetFile) -> list[str]:
-    """Every reason this drafter cannot run with this target (empty: it can)."""
-    c = config
-    problems = shared_fit_problems(c.hidden_size, list(c.target_layers), c.mask_token_id, c.vocab_size,
-                                   target.n_embd, target.n_layer, target.n_vocab)
-    if c.head_dim % 2:
-        problems.append(f"head dim {c.head_dim} is odd (RoPE needs an even head dim)")
-    if not (math.isfinite(c.rope_theta) and c.rope_theta > 1):
-        problems.append(f"rope base {c.rope_theta} is not a usable RoPE base")
-    if c.block_size < 2:
-        problems.append(f"block size {c.block_size} leaves no slot to draft (needs >= 2)")
-    if not c.target_layers:
-        problems.append("no target layers")
-    return problems + c.member.problems(c.hidden_size, c.member_settings())
-
-
-def check_fits(config: DrafterConfig, target: TargetFile, source: str) -> None:
-    refuse_misfit(source, target.path, fit_problems(config, target), ConvertError)
+def check_config_fits(config: DrafterConfig, target: TargetFile, source: str) -> None:
+    """Refuse to write a drafter whose configuration cannot run with this target (ConvertError)."""
+    refuse_misfit(source, target.path, config_fit_problems(config, target), ConvertError)
 
 
 def fit_warnings(config: DrafterConfig, target: TargetFile, trained_for: str | None = None,

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         """Normalise a DFlash drafter into one validated upstream `dflash` GGUF for TARGET."""
         from ..target_file import TargetFile
         from .checks import fit_warnings
-        from .sources import read_source
+        from .checkpoint_formats import read_source
         from .writer import ConvertError, write_dflash_gguf
         if out.exists() and not force:       # before reading a possibly large source
             raise ConvertError(f"{out} exists; pass --force to overwrite it")
@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
                       file=sys.stderr)
             vocab = source.draft_vocab
             if draft_vocab is not None:
-                from .draft_vocab import counted
+                from ..drafter.draft_vocab import counted
                 vocab = counted(target_file, draft_vocab, vocab_prompts, vocab_samples, vocab_seconds, threads)
             write_dflash_gguf(source.tensors, source.config, target_file, out, outtype=outtype, force=force,
                               name=f"{target_file.name} {source.config.family} drafter", source=source.description,

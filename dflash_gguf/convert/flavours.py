@@ -20,9 +20,9 @@ from ..errors import UserError
 from ..gguf_family import MEMBERS
 from ..gguf_reader import open_gguf
 from ..target_file import TargetFile
-from .draft_vocab import DraftVocab, check_d2t, rows_over_vocab
+from ..drafter.draft_vocab import DraftVocab, check_d2t, rows_over_vocab
 from .hparams import read_hparams
-from .names import hf_tensor_name
+from ..drafter.tensor_names import hf_tensor_name
 from .normalized import DrafterSource, target_from_drafter_name
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..drafter.config import config_fit_problems
 from ..gguf_reader import open_gguf
 from ..target_file import TargetFile
-from .checks import fit_problems, fit_warnings
+from .checks import fit_warnings
 from .flavours import detect_flavour, normalize_gguf
 
 
@@ -31,7 +32,7 @@ def inspect_drafter(path: Path, target: Path | None = None) -> dict:
                      if k.startswith("dflash_gguf.train.")},
     }
     if tinfo is not None:
-        problems = fit_problems(c, tinfo)
+        problems = config_fit_problems(c, tinfo)
         report["fits_target"] = not problems
         if problems:
             report["fit_problem"] = "; ".join(problems)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..drafter.config import DrafterConfig
-from .draft_vocab import DraftVocab
+from ..drafter.draft_vocab import DraftVocab
 
 
 @dataclass

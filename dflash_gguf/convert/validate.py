@@ -18,8 +18,8 @@ def load_check(drafter_path: Path, target: TargetFile, config: DrafterConfig,
     and drafts one block with finite logits after injecting a few context rows (ctx_other = a context of
     the target's shared model).
     With a reduced draft vocabulary (`vocab_ids`) exactly those logits are finite, the others -inf."""
-    from ..native.wrappers import (  # noqa: PLC0415
-        Batch, Context, ContextSettings, DecodeError, Model, ModelLoadError)
+    from ..engine.drafter_driver import DrafterDriver  # noqa: PLC0415
+    from ..native.wrappers import Context, ContextSettings, DecodeError, Model, ModelLoadError  # noqa: PLC0415
     with ExitStack() as stack:
         try:
             target_model = target.model()
@@ -33,19 +33,14 @@ def load_check(drafter_path: Path, target: TargetFile, config: DrafterConfig,
         n_ctx = 4             # context rows injected before the block
         settings = ContextSettings(n_ctx=64, n_batch=32, n_ubatch=max(32, config.block_size), n_threads=1)
         tctx = stack.enter_context(closing(Context(target_model, settings)))
-        dctx = stack.enter_context(closing(Context(drafter, settings, other=tctx)))
-        dctx.set_causal(False)
-        width = config.n_taps * config.hidden_size
-        feats = stack.enter_context(closing(Batch(drafter.native, n_ctx, width)))
-        feats.set_embd(np.random.default_rng(0).standard_normal((n_ctx, width)).astype(np.float32), 0, "none")
-        block = stack.enter_context(closing(Batch(drafter.native, config.block_size)))
-        block.set_tokens([0] + [config.mask_token_id] * (config.block_size - 1), n_ctx, "all")
+        driver = stack.enter_context(closing(DrafterDriver(drafter, tctx, settings)))
+        feats = np.random.default_rng(0).standard_normal((n_ctx, driver.width)).astype(np.float32)
         try:
-            dctx.decode(feats, "load-check injection")
-            dctx.decode(block, "load-check draft")
+            driver.inject(feats, 0)
+            driver.decode_block(0, n_ctx, config.block_size)
         except DecodeError as e:
             raise UserError(f"{drafter_path.name}: llama.cpp cannot run the written drafter: {e}") from e
-        logits = np.asarray(dctx.logits_all(config.block_size))
+        logits = np.asarray(driver.logits(config.block_size))
         inside = np.ones(logits.shape[1], bool) if vocab_ids is None else np.isin(np.arange(logits.shape[1]), vocab_ids)
         if not np.isfinite(logits[:, inside]).all():
             raise UserError(f"{drafter_path.name}: draft logits are not finite; the weights are damaged")

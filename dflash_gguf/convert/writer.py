@@ -15,10 +15,10 @@ import numpy as np
 from .. import gguf_family
 from ..drafter.config import DrafterConfig
 from ..target_file import TargetFile
-from .checks import ConvertError, check_fits, check_shapes
-from .draft_vocab import DraftVocab
+from .checks import ConvertError, check_config_fits, check_shapes
+from ..drafter.draft_vocab import DraftVocab
 from .hparams import write_hparams
-from .names import gguf_tensor_name
+from ..drafter.tensor_names import gguf_tensor_name
 
 __all__ = ["ARCH", "OUTTYPES", "ConvertError", "add_decoder_hparams", "add_target_tokenizer", "finish", "write_dflash_gguf"]
 
@@ -130,7 +130,7 @@ def write_dflash_gguf(tensors: dict[str, np.ndarray], config: DrafterConfig, tar
         raise ConvertError(f"{out_path} exists; pass --force to overwrite it")
     opened = not isinstance(target, TargetFile)         # a path: opened, and its model freed, here
     target = TargetFile.open(target) if opened else target
-    check_fits(config, target, source)
+    check_config_fits(config, target, source)
     check_shapes(tensors, config, source, target.n_vocab)
     if draft_vocab is not None and not config.member.draft_vocab:
         raise ConvertError(f"{source}: a {config.family} drafter with a reduced draft vocabulary (d2t) is not "

@@ -1,1 +1,2 @@
-"""The DFlash drafter as a model: its configuration and a PyTorch reference (training and parity)."""
+"""The DFlash drafter as a model: its configuration, tensor names, draft vocabulary and a PyTorch reference
+(training and parity)."""

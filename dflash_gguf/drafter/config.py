@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 
 from .. import gguf_family
+from ..gguf_check import fit_problems
+from ..target_file import TargetFile
 
 
 @dataclass
@@ -92,3 +95,19 @@ def official_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> 
     start, end = 1, num_target_layers - 3
     span = end - start
     return [int(round(start + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+def config_fit_problems(config: DrafterConfig, target: TargetFile) -> list[str]:
+    """Every reason this drafter cannot run with this target (empty: it can)."""
+    c = config
+    problems = fit_problems(c.hidden_size, list(c.target_layers), c.mask_token_id, c.vocab_size,
+                            target.n_embd, target.n_layer, target.n_vocab)
+    if c.head_dim % 2:
+        problems.append(f"head dim {c.head_dim} is odd (RoPE needs an even head dim)")
+    if not (math.isfinite(c.rope_theta) and c.rope_theta > 1):
+        problems.append(f"rope base {c.rope_theta} is not a usable RoPE base")
+    if c.block_size < 2:
+        problems.append(f"block size {c.block_size} leaves no slot to draft (needs >= 2)")
+    if not c.target_layers:
+        problems.append("no target layers")
+    return problems + c.member.problems(c.hidden_size, c.member_settings())

@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
     ):
         """Generate with DFlash speculative decoding (lossless); without -m/-md runs the embedded default."""
         from ..settings import EngineSettings
-        from .session import Engine, check_inputs, require_native
+        from .session import Engine
 
         demo = prompt is None and file is None
         if prompt is not None and file is not None:
@@ -58,18 +58,14 @@ def register(app: typer.Typer) -> None:
         from ..textgen.chat import read_choice
         template_choice = read_choice(chat_template)
         settings = EngineSettings.from_env(target=model, drafter=draft, **engine_options)
-        target_path, _ = check_inputs(settings, speculative=not plain)
-        require_native(settings)
+        inputs = check_inputs(settings, speculative=not plain)
         from ..learn.store import recorder_for
-        recorder = recorder_for(learn, learn_max_mb, target_path)
+        recorder = recorder_for(learn, learn_max_mb, inputs.target)
         if recorder is not None:
             print(recorder.announce(), file=sys.stderr)
-        engine = Engine(settings, speculative=not plain)
+        engine = Engine(inputs, speculative=not plain)
         try:
             tokens, template = _prompt_tokens(engine, prompt, chat, think, template_choice)
-            if len(tokens) + 1 > settings.n_ctx:
-                raise UserError(f"-c {settings.n_ctx}: the prompt alone is {len(tokens)} tokens; "
-                                f"pass -c {len(tokens) + n_predict} or more (prompt + -n)")
             report = _generate(engine, tokens, n_predict, sampling, stream=not as_json, speculative=not plain)
             if recorder is not None and report["tokens"]:
                 recorder.record(tokens, report["tokens"], template=template,

@@ -18,7 +18,7 @@ from .policy import PLAIN_STEP, DraftLengthPolicy
 from .sampling import SamplingParams, draw, pick, probs_from_logits, sample
 from .sources.base import DraftSource, Proposal
 from .sources.lookup import LookupSource, point_mass
-from .target import Target
+from .target import Target, check_prompt_fits
 from .verify import SlotCounts, Verdict, verify_greedy, verify_stochastic
 
 # Receives each step's new tokens; returning False stops the generation (stop string, disconnect).
@@ -105,15 +105,13 @@ class SpecDecoder:
 
     t_mode (T > 0 only): "rejection" samples drafts from q and accepts with min(1, p/q);
     "match" proposes the drafter's argmax (q one-hot) — also lossless, accepts with p(x). A lookup draft is a
-    point mass in both: q one-hot on its token.
+    point mass in both: q one-hot on its token. (EngineSettings.validate refuses any other t_mode.)
     combine (drafter and lookup): "prefer" verifies the lookup continuation alone where the policy picks it;
     "override" also puts the continuation into the drafter's block where the policy picks the drafter.
     """
 
     def __init__(self, target: Target, drafter: DraftSource | None, policy: DraftLengthPolicy,
                  *, t_mode: str = "rejection", lookup: LookupSource | None = None, combine: str = "prefer"):
-        if t_mode not in ("rejection", "match"):
-            raise ValueError(f"t_mode must be 'rejection' or 'match', got {t_mode!r}")
         if combine not in ("prefer", "override"):
             raise ValueError(f"combine must be 'prefer' or 'override', got {combine!r}")
         self.target, self.drafter, self.policy, self.t_mode = target, drafter, policy, t_mode
@@ -142,7 +140,7 @@ class SpecDecoder:
         rng = np.random.default_rng(sampling.seed)
         res = GenerationResult([], len(prompt), n_cached=n_cached, slots=SlotCounts.zeros(self.policy.draft_max))
         t_start = time.perf_counter()
-        self.target.check_fits(len(prompt), 1)
+        check_prompt_fits(len(prompt), self.target.n_ctx, max_tokens)
         self.policy.reset()
         if not n_cached:
             self.target.reset()

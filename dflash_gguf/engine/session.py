@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import RunFailure, SetupError, UserError
-from ..gguf_check import check_drafter, check_fits
+from ..gguf_check import check_drafter, check_header_fits
 from ..native.wrappers import ContextSettings, Model, ModelLoadError, TensorOverride
 from ..paths import cache_root
 from ..settings import EngineSettings
@@ -27,7 +28,7 @@ LOOKUP_BLOCK = 16             # most tokens + 1 a lookup continuation verifies w
 
 
 def default_target() -> Path:
-    from ..targets import smollm2_q4_1  # noqa: PLC0415
+    from ..packaged_models import smollm2_q4_1  # noqa: PLC0415
     return smollm2_q4_1()
 
 
@@ -57,10 +58,13 @@ class Engine:
     """One target, optionally one drafter, a plain decoder and speculative decoders over them: one per draft
     source (dflash: the drafter, lookup: prompt lookup, hybrid: both, picked per step), `spec` the settings' one."""
 
-    def __init__(self, settings: EngineSettings, *, speculative: bool = True, calibrate: bool | None = None):
+    def __init__(self, settings: EngineSettings | EngineInputs, *, speculative: bool = True,
+                 calibrate: bool | None = None):
+        """settings: checked here (check_inputs), or what check_inputs returned where a command checked them
+        earlier (serve refuses bad files before it listens and loads the engine later)."""
         from ..native.offload import moe_overrides  # noqa: PLC0415
-        target_path, drafter_path = check_inputs(settings, speculative=speculative)
-        require_native(settings)
+        inputs = settings if isinstance(settings, EngineInputs) else check_inputs(settings, speculative=speculative)
+        settings, target_path, drafter_path = inputs.settings, inputs.target, inputs.drafter
         if settings.fit:
             settings = self._fit(settings, target_path, drafter_path)
         self.settings = s = settings
@@ -318,9 +322,18 @@ class Engine:
                 m.close()
 
 
-def check_inputs(settings: EngineSettings, *, speculative: bool = True) -> tuple[Path, Path | None]:
+@dataclass(frozen=True)
+class EngineInputs:
+    """Settings whose files passed the header checks, with their paths (defaults resolved), and whose native
+    build loaded: what `check_inputs` returns and an Engine loads."""
+    settings: EngineSettings
+    target: Path
+    drafter: Path | None               # None: no drafter file is loaded (plain decoding, or lookup without -md)
+
+
+def check_inputs(settings: EngineSettings, *, speculative: bool = True) -> EngineInputs:
     """Validate the settings and the target (+ drafter) files before llama.cpp sees them (it aborts on some
-    malformed files); returns their paths, defaults resolved. Cheap: headers only, cached per file."""
+    malformed files), then load the native build they ask for. Cheap: headers only, cached per file."""
     settings.validate()
     target_path = settings.target or default_target()
     target = TargetFile.open(target_path)     # its header: the engine loads its own llama.cpp model
@@ -328,8 +341,9 @@ def check_inputs(settings: EngineSettings, *, speculative: bool = True) -> tuple
     wants_drafter = speculative and (settings.draft_source != "lookup" or settings.drafter is not None)
     drafter_path = (settings.drafter or default_drafter(target_path)) if wants_drafter else None
     if drafter_path is not None:
-        check_fits(check_drafter(drafter_path), target.header)
-    return target_path, drafter_path
+        check_header_fits(check_drafter(drafter_path), target.header)
+    require_native(settings)
+    return EngineInputs(settings, target_path, drafter_path)
 
 
 def require_native(settings: EngineSettings | None = None) -> None:

@@ -35,6 +35,15 @@ class ContextOverflow(UserError):
     """The prompt (plus generation) does not fit the context."""
 
 
+def check_prompt_fits(n_prompt: int, n_ctx: int, n_predict: int = 1) -> None:
+    """The one prompt-fits-context rule (run, serve, the loop): the context's n_ctx positions hold the prompt and
+    at least one generated token. n_predict: the tokens asked for, which the suggested -c adds to the prompt."""
+    if n_prompt + 1 > n_ctx:
+        raise ContextOverflow(f"the prompt alone is {n_prompt} tokens and the context holds {n_ctx} positions, with "
+                              f"the tokens it generates; pass -c {n_prompt + max(n_predict, 1)} or more (prompt + "
+                              "tokens to generate), or shorten the prompt")
+
+
 @dataclass
 class RollbackMode:
     kind: str          # "kv" (plain seq_rm), "snapshots" (n_rs_seq), "checkpoint" (state save + replay)
@@ -133,15 +142,10 @@ class Target:
             sizes.append(end - wide_end)
         return sizes
 
-    def check_fits(self, n_prompt: int, n_new: int = 1) -> None:
-        if n_prompt + n_new > self.n_ctx:
-            raise ContextOverflow(f"prompt of {n_prompt} tokens + {n_new} to generate does not fit the context of "
-                                  f"{self.n_ctx} tokens ({self.model.path.name}); raise -c/--ctx-size or shorten the prompt")
-
     def prefill(self, tokens: Sequence[int], sink: FeatureSink | None, *, all_wide: bool = False) -> np.ndarray:
         """Decode tokens at n_past.. in ubatches of at most n_batch, each position wide or narrow as a prefill of
         the whole sequence from 0 makes it (`_chunks`); return the logits of the last row (a copy)."""
-        self.check_fits(self.n_past + len(tokens))
+        check_prompt_fits(self.n_past + len(tokens), self.n_ctx)
         i = 0
         for size in self._chunks(len(tokens), all_wide):
             chunk = tokens[i:i + size]
@@ -162,7 +166,9 @@ class Target:
         """
         if self.rollback_mode.kind == "checkpoint":
             self._checkpoint = self.ctx.state_get()
-        self.check_fits(self.n_past + len(tokens), 0)
+        if self.n_past + len(tokens) > self.n_ctx:          # the loop drafts only into the room left (loop.py)
+            raise RuntimeError(f"{self.model.path.name}: a verify of {len(tokens)} rows after {self.n_past} positions "
+                               f"runs past the context of {self.n_ctx}")
         self.batch.set_tokens(tokens, self.n_past, "all")
         self.ctx.decode(self.batch, "verify")
         self.n_past += len(tokens)

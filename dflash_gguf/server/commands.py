@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
         except ImportError:
             raise SetupError("serve needs the server extra: pip install 'dflash-gguf[server]'") from None
 
-        from ..engine.session import Engine, check_inputs, require_native
+        from ..engine.session import Engine, check_inputs
         from ..learn.store import recorder_for
         from ..settings import EngineSettings
         from .app import ServerConfig, create_app
@@ -68,14 +68,13 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--max-tokens {max_tokens}: must be >= 1")
         if not 0 < port < 65536:
             raise UserError(f"--port {port}: must be in 1..65535")
-        served = check_inputs(settings, speculative=not plain)[0]    # refuse bad files before listening
-        require_native(settings)
+        inputs = check_inputs(settings, speculative=not plain)      # refuse bad files before listening
         log = lambda msg: print(f"dflash-gguf serve: {msg}", file=sys.stderr, flush=True)  # noqa: E731
         if cache_ram < -1:
             raise UserError(f"--cache-ram {cache_ram}: must be >= 0 MiB, or -1 for no limit")
         cache = CacheSettings(cache_prompt, None if cache_ram == -1 else cache_ram << 20, slot_save_path)
-        recorder = recorder_for(learn, learn_max_mb, served)
-        worker = EngineWorker(lambda: _load_engine(Engine, settings, served, plain), log=log, cache=cache,
+        recorder = recorder_for(learn, learn_max_mb, inputs.target)
+        worker = EngineWorker(lambda: _load_engine(Engine, inputs, inputs.target, plain), log=log, cache=cache,
                               recorder=recorder)
         model_id = alias or (target.stem if target else "smollm2-135m-instruct-dflash")
         app = create_app(worker, ServerConfig(model_id, api_key, tuple(cors_origin), max_tokens, template))
@@ -117,7 +116,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _load_engine(engine_class, settings, target: Path, plain: bool):
-    """The engine, or an error naming the model file (shown by /health, every request and the log)."""
+    """The engine, or an error naming the model file (shown by /health, every request and the log); settings:
+    EngineSettings, or the EngineInputs check_inputs returned."""
     try:
         return engine_class(settings, speculative=not plain)
     except UserError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from ..engine.target import ContextOverflow, check_prompt_fits
 from ..engine.text import TextStream
 from ..textgen.chat import ChatTemplateError, model_template, render_model_chat, supports_thinking
 from .chat_output import THINK_OPEN, OutputSplitter
@@ -62,10 +63,10 @@ def _job(engine, tokens: list[int], req: Generation, param: str, loop) -> Job:
     n_ctx = engine.target.n_ctx
     if not tokens:
         raise BadRequest("the prompt is empty after tokenization", param, "invalid_value")
-    if len(tokens) + 1 > n_ctx:
-        raise BadRequest(f"the prompt is {len(tokens)} tokens; the context holds {n_ctx} (prompt + at least one "
-                         "generated token); shorten it or restart the server with a larger -c", param,
-                         "context_length_exceeded")
+    try:
+        check_prompt_fits(len(tokens), n_ctx, req.max_tokens or 1)
+    except ContextOverflow as e:
+        raise BadRequest(str(e), param, "context_length_exceeded") from None
     room = n_ctx - len(tokens)
     max_tokens = min(req.max_tokens or room, room)
     text = TextStream(engine.target_model.token_bytes, req.stop)

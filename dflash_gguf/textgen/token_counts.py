@@ -1,6 +1,6 @@
 """How often the target writes each token: greedy responses to training prompts, through the native layer.
 
-convert/draft_vocab.py chooses a reduced draft vocabulary from these counts. The prompts default to the first
+drafter/draft_vocab.py chooses a reduced draft vocabulary from these counts. The prompts default to the first
 training prompt set we ship (corpus.prompts.FIRST_PROMPTS), never the evaluation prompts.
 """
 

@@ -187,13 +187,12 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
     """Continue `drafter` on the store's conversations and write the result to `out` (a new validated GGUF);
     returns the record (τ before/after, data, training). `work` keeps the data and checkpoints: with `resume`,
     a run killed on the way goes on where it stopped (measurement, data and training)."""
-    from ..convert.sources import read_source  # noqa: PLC0415
     from ..learn.store import file_tag  # noqa: PLC0415
-    from .pipeline import export, init_record, training_record  # noqa: PLC0415
+    from .pipeline import export, init_record, read_drafter, training_record  # noqa: PLC0415
     t0 = time.time()
     check_paths(drafter, out, force)
     train, held = split_held_back(recorded(store_dir, target), s.held_back)
-    src = read_source(str(drafter), target)
+    src = read_drafter(drafter, target)
     if src.draft_vocab is None and src.config.vocab_size and src.config.vocab_size != target.n_vocab:
         raise UserError(f"-md {drafter}: its vocabulary ({src.config.vocab_size}) is not the target's "
                         f"({target.n_vocab})")

@@ -18,6 +18,12 @@ from .harvest import HarvestSettings
 from .trainer import Trainer, TrainSettings
 
 
+def read_drafter(path: Path, target: TargetFile):
+    """A drafter file to continue from (any checkpoint format convert reads), checked against its target."""
+    from ..convert.checkpoint_formats import read_source  # noqa: PLC0415
+    return read_source(str(path), target)
+
+
 def auto_taps(n_target_layers: int, n_taps: int = 4) -> list[int]:
     """The official tap formula (HF layer ids) shifted to llama.cpp tap ids (+1)."""
     return [i + 1 for i in official_target_layer_ids(n_target_layers, n_taps)]
@@ -38,8 +44,8 @@ def parse_taps(spec: str, n_target_layers: int) -> list[int]:
 
 def drafter_config(target: TargetFile, taps: list[int], n_layers: int, block_size: int) -> DrafterConfig:
     """Same attention/MLP geometry as the target's layers, so draft layers can start as target layers, and the
-    target's embedding scale, activation and norms (target_arch.py)."""
-    from .target_arch import traits  # noqa: PLC0415
+    target's embedding scale, activation and norms (arch_traits.py)."""
+    from .arch_traits import traits  # noqa: PLC0415
     arch = traits(target.arch, target.n_embd)
     return DrafterConfig(hidden_size=target.n_embd, intermediate_size=target.n_ff, n_layers=n_layers,
                          n_heads=target.n_head, n_kv_heads=target.n_head_kv, head_dim=target.head_dim,
@@ -69,12 +75,12 @@ def build_trainer(target: TargetFile, data, settings: TrainSettings, draft_vocab
     """(Trainer, draft vocabulary or None) for `target` on a harvested dataset; the draft vocabulary, when
     asked for, is the K tokens the target wrote most in the training sequences. `init_drafter`: start from
     the weights of a drafter GGUF of this target (e.g. one trained on a GPU) instead of the target's layers."""
-    from .target_weights import embedding_and_head, layer_init  # noqa: PLC0415
+    from .frozen_weights import embedding_and_head, layer_init  # noqa: PLC0415
     config = drafter_config(target, data.taps, settings.n_layers, settings.block_size)
     embed, head = embedding_and_head(target)
     vocab = None
     if draft_vocab:
-        from ..convert import draft_vocab as dv  # noqa: PLC0415
+        from ..drafter import draft_vocab as dv  # noqa: PLC0415
         counts = np.bincount(data.written_tokens(data.split()[0]), minlength=embed.shape[0])
         vocab = dv.build(target, counts, draft_vocab, target.eog_ids)
     init = layer_init(target, max(data.taps), settings.n_layers) if settings.init_from_target else None
@@ -82,8 +88,7 @@ def build_trainer(target: TargetFile, data, settings: TrainSettings, draft_vocab
                       draft_vocab=vocab.token_ids if vocab is not None else None)
     trainer.arch = target.arch
     if init_drafter is not None:
-        from ..convert.sources import read_source  # noqa: PLC0415
-        src = read_source(str(init_drafter), target)
+        src = read_drafter(init_drafter, target)
         trainer.load_weights(src.tensors, str(init_drafter))
         trainer.init_record = init_record(init_drafter, src.train_metadata)
     return trainer, vocab
@@ -193,7 +198,7 @@ def train_drafter(target: TargetFile, out: Path, prompts: list[dict], work_dir: 
         record["labelled_rows_in_all"] = before["labelled_rows_in_all"] + trainer.rows_seen
         record["response_tokens_in_all"] = before["response_tokens_in_all"] + record["response_tokens"]
     if vocab is not None:
-        from ..convert import draft_vocab as dv  # noqa: PLC0415
+        from ..drafter import draft_vocab as dv  # noqa: PLC0415
         counts = np.bincount(data.written_tokens(), minlength=trainer.n_vocab)
         record["draft_vocab"] = {"size": vocab.size, "coverage_of_training_tokens": dv.coverage(vocab.token_ids, counts)}
     export(trainer, target, out, record, vocab, outtype=outtype, force=force)

@@ -1,6 +1,6 @@
 """Everything `train` needs, checked in its first seconds: a problem is one line before any token is harvested.
 
-Checks, in order: the drafter's shape against the target and the export (DrafterConfig rules, fit_problems),
+Checks, in order: the drafter's shape against the target and the export (DrafterConfig rules, config_fit_problems),
 the draft vocabulary, the chat template (when any prompt is a chat), the taps and the range of the target's
 hidden states on a few real prompts (which also picks the features' storage dtype), and the disk space the
 harvest will write.
@@ -38,7 +38,7 @@ class Preflight:
 
 def check_shape(target: TargetFile, taps: list[int], n_layers: int, block_size: int, draft_vocab: int | None) -> None:
     """The drafter this run would export is a valid one for this target."""
-    from ..convert.checks import fit_problems  # noqa: PLC0415
+    from ..drafter.config import config_fit_problems  # noqa: PLC0415
     from .pipeline import drafter_config  # noqa: PLC0415
     if target.n_ff <= 0:
         raise UserError(f"-m {target.path}: the GGUF gives no {target.arch}.feed_forward_length; the drafter's MLP "
@@ -47,7 +47,7 @@ def check_shape(target: TargetFile, taps: list[int], n_layers: int, block_size: 
         config = drafter_config(target, taps, n_layers, block_size)
     except ValueError as e:
         raise UserError(f"-m {target.path}: a drafter of this target's shape is not valid ({e})") from None
-    problems = fit_problems(config, target)
+    problems = config_fit_problems(config, target)
     if problems:
         raise UserError(f"-m {target.path}: the drafter would not fit its target: {'; '.join(problems)}")
     if draft_vocab is not None and not 2 <= draft_vocab <= target.n_vocab:

@@ -384,7 +384,7 @@ class Trainer:
         """Loss and greedy acceptance on held-out sequences, over the columns inference proposes from: every
         anchor of each target-written span is drafted, then the span is walked as a greedy speculative run
         walks it (acceptance.py), so this τ and the engine's count the same thing."""
-        from .acceptance import Walk, leading_correct  # noqa: PLC0415
+        from ..engine.acceptance import Walk, leading_correct  # noqa: PLC0415
         torch = self.torch
         B = self.config.block_size
         loss_sum, weight_sum, anchor_runs = 0.0, 0.0, []
@@ -455,6 +455,6 @@ class Trainer:
         out = {k: v.detach().float().cpu().numpy() for k, v in self.model.state_dict().items()}
         w2 = "markov_head.markov_w2.weight"
         if w2 in out and self.draft_vocab is not None:
-            from ..convert.draft_vocab import rows_over_vocab  # noqa: PLC0415
+            from ..drafter.draft_vocab import rows_over_vocab  # noqa: PLC0415
             out[w2] = rows_over_vocab(out[w2], self.draft_vocab.cpu().numpy(), self.n_vocab)
         return out

@@ -6,7 +6,7 @@ confidence head); the parity reference for llama.cpp's `dflash` graph (src/model
 build_dflash2_conv, build_dflash2_selector, build_dspark_markov_head) in tests/test_family_parity.py. Train builds
 DFlash and DSpark drafters from drafter/torch_ref.py alone; only the parity tests need DFlash2's layers.
 Parameter names are the checkpoints' (z-lab: the codebooks carry no ".weight"), so `load_state_dict` takes
-what `convert.sources.read_source` reads from a published folder.
+what `convert.checkpoint_formats.read_source` reads from a published folder.
 
 Shapes: S block rows (row 0 the anchor), n draft rows, H hidden, k taps, G = H / group_size, K top-k,
 r rank, V vocab.

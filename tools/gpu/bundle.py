@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     from dflash_gguf.paths import cache_root
-    from dflash_gguf.targets import smollm2_q4_1
+    from dflash_gguf.packaged_models import smollm2_q4_1
     cache = a.cache or cache_root() / "gpu-bundle"
     staging = cache / "staging"
     shutil.rmtree(staging, ignore_errors=True)

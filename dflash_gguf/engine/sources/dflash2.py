@@ -41,7 +41,7 @@ class DFlash2Source(DFlashSource):
     def draft(self, last_token: int, pos: int, n: int, want_logits: bool, pick=None) -> Proposal:
         rows = self._decode_block(last_token, pos, n + 1)
         cand, scores = self.lattice(rows)
-        self.ctx.seq_rm(pos, -1)
+        self.driver.drop_block(pos)
         tokens, qs, pred = [], [], 0
         for i in range(1, n + 1):
             edge = scores[i, pred]                                      # [K] scores of this slot's candidates

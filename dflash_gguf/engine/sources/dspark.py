@@ -107,7 +107,7 @@ class DSparkSource(DFlashSource):
         first = 0 if self.anchor_first else 1
         # the graph skips the Markov head when the block is longer than the trained block size
         rows = self._decode_block(last_token, pos, max(n + first, 1))
-        logits = self.ctx.logits_all(rows)[first:first + n]
+        logits = self.driver.logits(rows)[first:first + n]
         if self.markov is None:
             proposal = Proposal([int(t) for t in logits.argmax(axis=1)], np.array(logits) if want_logits else None)
             if self.rates_slots:                 # the graph's head wrote them, broadcast over nextn rows
@@ -117,7 +117,7 @@ class DSparkSource(DFlashSource):
             if self.rates_slots:                 # nextn rows hold the head's input: the final-normed hidden rows
                 hidden = np.asarray(self.ctx.nextn_rows(rows)[first:first + n], dtype=np.float64)
                 proposal.confidence = self.markov.confidence(hidden, [last_token] + proposal.tokens[:-1])
-        self.ctx.seq_rm(pos, -1)
+        self.driver.drop_block(pos)
         return proposal
 
     def chain(self, backbone: np.ndarray, anchor: int, want_logits: bool, pick=None) -> Proposal:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..convert.names import LAYER_NAMES
+from ..drafter.tensor_names import LAYER_NAMES
 from ..target_file import TargetFile
 
 
@@ -32,7 +32,7 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def layer_init(target: TargetFile, first_layer: int, n_layers: int) -> dict[str, np.ndarray]:
     """z-lab-named tensors for draft layers 0..n_layers-1 copied from target layers first_layer.. ."""
-    from .target_arch import traits  # noqa: PLC0415
+    from .arch_traits import traits  # noqa: PLC0415
     t = target
     arch = traits(t.arch, t.n_embd)
     out = {}

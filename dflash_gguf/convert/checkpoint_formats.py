@@ -1,6 +1,6 @@
-"""Read a DFlash drafter from any source into the normalised form (config + z-lab-named F32 tensors).
+"""Read a DFlash drafter from any checkpoint format into the normalised form (config + z-lab-named F32 tensors).
 
-Sources: a z-lab style folder (config.json with dflash settings + model.safetensors, possibly
+Formats: a z-lab style folder (config.json with dflash settings + model.safetensors, possibly
 sharded), a Hugging Face repo id resolved through huggingface_hub (local cache first), or a
 drafter GGUF of one of the flavours in `flavours.py`.
 """

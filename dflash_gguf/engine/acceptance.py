@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.verify import SlotCounts
+from .verify import SlotCounts
 
 
 def leading_correct(right: np.ndarray) -> np.ndarray:
