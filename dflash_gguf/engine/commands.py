@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
     ):
         """Generate with DFlash speculative decoding (lossless); without -m/-md runs the embedded default."""
         from ..settings import EngineSettings
-        from .session import Engine
+        from .session import Engine, check_inputs
 
         demo = prompt is None and file is None
         if prompt is not None and file is not None:
