@@ -234,7 +234,7 @@ def continue_training(target: TargetFile, src, source: str, data, work: Path, s:
     """(Trainer, its last validation): started from the drafter `src` read from `source` (its weights, taps,
     layers, block size and draft vocabulary), trained with warm-up and cosine over `seconds`."""
     from .pipeline import drafter_config  # noqa: PLC0415
-    from .target_weights import embedding_and_head  # noqa: PLC0415
+    from .frozen_weights import embedding_and_head  # noqa: PLC0415
     from .trainer import Trainer, TrainSettings  # noqa: PLC0415
     c = src.config
     settings = TrainSettings(n_layers=c.n_layers, block_size=c.block_size, lr=s.lr, warmup=0.05, rows=10**12,
