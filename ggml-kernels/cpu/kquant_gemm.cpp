@@ -26,9 +26,9 @@ constexpr int GROUPS = QK_K / 32;   // groups of 32 per super-block
 // One Q8_K activation block: its scale and the sums of its quants, laid out for each path
 struct KScale {
     float d;                  // d_a
-    int32_t s_pair[GROUPS / 2];   // sum(p) of groups 2k and 2k + 1 as two int16 (|sum| <= 32 * 127)
-    int32_t bias[2 * GROUPS];     // 32 * sum(p) over each 16 (Q6_K offset)
-    int16_t s16[GROUPS];          // sum(p) over each group of 32
+    int32_t bias[2 * GROUPS];     // 32 * sum(p) over each 16 (Q6_K offset), formed once per column
+    int16_t s16[GROUPS];          // sum(p) over each group of 32 (|sum| <= 32 * 127); groups 2k, 2k + 1 read
+                                  // together as one 32-bit word by the tile's madd
     int16_t bsums[2 * GROUPS];    // sum(p) over each 16
 };
 
@@ -41,9 +41,6 @@ KScale q8_k_column_scale(const block_q8_K & y) {
     }
     for (int g = 0; g < GROUPS; ++g) {
         c.s16[g] = (int16_t) (y.bsums[2 * g] + y.bsums[2 * g + 1]);
-    }
-    for (int k = 0; k < GROUPS / 2; ++k) {
-        c.s_pair[k] = (int32_t) ((uint32_t) (uint16_t) c.s16[2 * k] | ((uint32_t) (uint16_t) c.s16[2 * k + 1] << 16));
     }
     return c;
 }
@@ -197,7 +194,7 @@ struct K4Format : KTraits<WeightBlock, K4Packed, 3> {
             isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(dot_groups<QMAX, 8>(w.q[g], p + 32 * g), w.sc[g]));
         }
         for (int k = 0; k < GROUPS / 2; ++k) {
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(w.m_pair[k], _mm256_set1_epi32(c->s_pair[k])));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(w.m_pair[k], _mm256_set1_epi32((int) load_u32(c->s16 + 2 * k))));
         }
         return finish(isum, msum, w.rs, *c, acc);
     }

@@ -9,9 +9,10 @@
 // -127..127. Then per 32 weights
 //   sum(w * a) = d * d_a * sum(q * p) + m * d_a * sum(p)
 // with sum(q * p) exact in integers. A format's block (ggml's) holds one such group of 32, or 8 (the
-// K-quants' 256), and its activation block one Format::Scale. The format supplies the unpacking of a block of 8 rows into lanes
-// (PackedBlock per group, TILED formats) or the integer sums of 8 untransposed rows (dot_rows, up to
-// ROWWISE_MAX columns), and the float steps of one column (Format::column); this file has the rest:
+// K-quants' 256), and its activation block one Format::Scale. The format supplies the unpacking of a
+// block of 8 rows into lanes (Format::Packed, TILED formats) or the integer sums of untransposed rows
+// (dot_rows / row_sums, up to ROWWISE_MAX columns), and the float steps of one column (Format::column,
+// Format::finish); this file has the rest:
 // threads, tiles, passes over columns, the exact integer dot steps and the float step of the 32-weight
 // formats (block_fma).
 #pragma once
@@ -69,7 +70,6 @@ constexpr int TILE_ROWS = 8;   // one weight row per float lane of a __m256
 constexpr int DIRECT_MAX = DFLASH_CPU_GEMM_DIRECT_MAX;
 constexpr int PACKED_RN = DFLASH_CPU_GEMM_PACKED_RN;
 constexpr int ROW_RN = 4;      // columns per row-wise pass (the tile's rows stay in L1 between passes)
-constexpr int ROW_MAJOR_RN = 4;   // the same for row-major formats (one weight row in registers at a time)
 constexpr int ROW_PREFETCH_BLOCKS = 8;   // row-major formats: blocks fetched ahead in the weight stream
 constexpr int MAX_RN = DIRECT_MAX > PACKED_RN ? DIRECT_MAX : PACKED_RN;
 
@@ -93,7 +93,7 @@ T * grow(std::vector<T> & v, size_t n) {
 struct alignas(32) PackedBlock {
     __m256i q[8];
     __m256 d;      // scale of each row's 32 weights
-    __m256 m;      // min of each row's 32 weights (formats with a min term; Q6_K: scale of the upper 16)
+    __m256 m;      // min of each row's 32 weights (formats with a min term)
 };
 
 // 8 rows of 32 bytes, transposed by 4-byte groups: out[g] lane r = bytes 4g..4g+3 of row r
@@ -342,9 +342,9 @@ DFLASH_NOINLINE void tile_rows(const Tile & t, int64_t n_blocks, const Activatio
 }
 
 // Columns j0..j0+RN of one tile, one weight row after the other (formats with ROW_MAJOR, widths up to
-// ROWWISE_MAX): the rows of a tile are one stretch of memory, read in order, with no transpose. Per row and block,
-// Format::row_sums gives the exact integers the transposed path sums in lanes (Format::Sums: isum, msum); the
-// float steps (Format::finish) then run on the 8 rows' integers as lanes, the same as in Format::column.
+// ROWWISE_MAX): the rows of a tile are one stretch of memory, read in order, with no transpose. Per row and
+// block, Format::row_sums gives the exact integers (isum, msum) the transposed path sums in lanes; the float
+// steps (Format::finish) then run on the 8 rows' integers as lanes, the same as in Format::column.
 template <class Format, int RN>
 DFLASH_NOINLINE void tile_row_major(const Tile & t, int64_t n_blocks, const Activations<Format> & a, int64_t j0,
                                     __m256 * acc) {
@@ -440,20 +440,16 @@ void tile_columns(int rn, bool rowwise, const Tile & t, const typename Format::P
                   const Activations<Format> & a, int64_t j0, __m256 * acc) {
     if constexpr (Format::ROWWISE_MAX > 0) {
         if (rowwise) {
+            GGML_ASSERT(rn <= ROW_RN);
             if constexpr (Format::ROW_MAJOR) {
                 switch (rn) {
                     case 1: tile_row_major<Format, 1>(t, n_blocks, a, j0, acc); return;
                     case 2: tile_row_major<Format, 2>(t, n_blocks, a, j0, acc); return;
                     case 3: tile_row_major<Format, 3>(t, n_blocks, a, j0, acc); return;
                     case 4: tile_row_major<Format, 4>(t, n_blocks, a, j0, acc); return;
-                    case 5: tile_row_major<Format, 5>(t, n_blocks, a, j0, acc); return;
-                    case 6: tile_row_major<Format, 6>(t, n_blocks, a, j0, acc); return;
-                    case 7: tile_row_major<Format, 7>(t, n_blocks, a, j0, acc); return;
-                    case 8: tile_row_major<Format, 8>(t, n_blocks, a, j0, acc); return;
                     default: break;
                 }
             } else {
-                GGML_ASSERT(rn <= ROW_RN);
                 switch (rn) {
                     case 1: tile_rows<Format, 1>(t, n_blocks, a, j0, acc); return;
                     case 2: tile_rows<Format, 2>(t, n_blocks, a, j0, acc); return;
@@ -498,20 +494,20 @@ void tile_columns(int rn, bool rowwise, const Tile & t, const typename Format::P
     }
 }
 
-// Per-thread scratch, reused across calls.
+// Per-thread scratch of one format, reused across calls.
+template <class Format>
 struct Scratch {
-    std::vector<int8_t> q;                 // activations, block-major
-    std::vector<char> scale;               // their Format::Scale, block-major
-    std::vector<char> packed;              // one tile unpacked (wide batches), Format::Packed per block
-    std::vector<int32_t> sums;             // row-major formats: exact integer sums of a tile's rows
-    std::vector<char> tail;                // the last, partial tile padded to 8 rows
+    std::vector<int8_t> q;                             // activations, block-major
+    std::vector<typename Format::Scale> scale;         // their scales, block-major
+    std::vector<typename Format::Packed> packed;       // one tile unpacked (wide batches)
+    std::vector<char> tail;                            // the last, partial tile padded to 8 rows
 };
 
 // The whole product for one format; Format::column_scale gives each activation block's Format::Scale.
 template <class Format>
 void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,
                const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth) {
-    static thread_local Scratch scratch;
+    static thread_local Scratch<Format> scratch;
 
     const int64_t n_tiles = (n_rows + TILE_ROWS - 1) / TILE_ROWS;
     const int64_t tile0 = n_tiles * ith / nth;
@@ -523,7 +519,7 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
     constexpr int64_t QK = Activations<Format>::QK;
     static_assert(QK % QK8_0 == 0, "activation blocks of whole groups of 32");
     int8_t * q = grow(scratch.q, (size_t) (n_blocks * n_cols * QK));
-    Scale * scale = (Scale *) grow(scratch.scale, (size_t) (n_blocks * n_cols) * sizeof(Scale));
+    Scale * scale = grow(scratch.scale, (size_t) (n_blocks * n_cols));
     for (int64_t j = 0; j < n_cols; ++j) {
         const auto * y = (const typename Format::ActBlock *) ((const char *) B + j * b_row_bytes);
         for (int64_t b = 0; b < n_blocks; ++b) {
@@ -535,14 +531,9 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
     // row-wise where the format asks for it; otherwise one pass reads the weights directly, and wider
     // batches unpack each tile once and make several passes
     const bool rowwise = n_cols <= Format::ROWWISE_MAX;
-    using Packed = typename Format::Packed;
-    static_assert(alignof(Packed) <= 32, "packed blocks are 32-byte aligned");
-    Packed * packed = nullptr;
-    if (!rowwise && n_cols > DIRECT_MAX) {   // 32-byte aligned inside the byte buffer
-        char * raw = grow(scratch.packed, (size_t) n_blocks * sizeof(Packed) + 32);
-        packed = (Packed *) (raw + ((32 - ((uintptr_t) raw & 31)) & 31));
-    }
-    const int pass = rowwise ? (Format::ROW_MAJOR ? ROW_MAJOR_RN : ROW_RN) : packed ? PACKED_RN : DIRECT_MAX;
+    typename Format::Packed * packed =
+        !rowwise && n_cols > DIRECT_MAX ? grow(scratch.packed, (size_t) n_blocks) : nullptr;
+    const int pass = rowwise ? ROW_RN : packed ? PACKED_RN : DIRECT_MAX;
     const size_t row_data = n_blocks * sizeof(typename Format::Block);
 
     for (int64_t t = tile0; t < tile1; ++t) {
