@@ -26,7 +26,6 @@ constexpr int GROUPS = QK_K / 32;   // groups of 32 per super-block
 // One Q8_K activation block: its scale and the sums of its quants, laid out for each path
 struct KScale {
     float d;                  // d_a
-    int32_t bias[2 * GROUPS];     // 32 * sum(p) over each 16 (Q6_K offset), formed once per column
     int16_t s16[GROUPS];          // sum(p) over each group of 32 (|sum| <= 32 * 127); groups 2k, 2k + 1 read
                                   // together as one 32-bit word by the tile's madd
     int16_t bsums[2 * GROUPS];    // sum(p) over each 16
@@ -37,7 +36,6 @@ KScale q8_k_column_scale(const block_q8_K & y) {
     c.d = y.d;
     for (int h = 0; h < 2 * GROUPS; ++h) {
         c.bsums[h] = y.bsums[h];
-        c.bias[h] = 32 * y.bsums[h];
     }
     for (int g = 0; g < GROUPS; ++g) {
         c.s16[g] = (int16_t) (y.bsums[2 * g] + y.bsums[2 * g + 1]);
@@ -88,6 +86,40 @@ DFLASH_INLINE __m256i scaled_dot32(__m256i u, const int8_t * p, __m256i scale32,
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, pv), scale16);
 #endif
 }
+
+// a group scale of each lane (int32, lanes = rows) as int16 in both halves of the lane, for AVX2's madd
+DFLASH_INLINE __m256i pair16(__m256i sc) {
+    return _mm256_or_si256(_mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(sc, 16));
+}
+
+// isum + sc * sum over N groups of 4 of q * p, lanes = rows (see dot_groups): the scale times the exact dot
+// (VNNI), or folded into AVX2's pair sums by madd with the scale as int16 (sc16, see pair16) -- the same integer
+template <int MAX_Q, int N>
+DFLASH_INLINE __m256i add_scaled_dot(__m256i isum, const __m256i * q, const int8_t * p, __m256i sc, __m256i sc16) {
+#if DFLASH_CPU_GEMM_VNNI
+    (void) sc16;
+    return _mm256_add_epi32(isum, _mm256_mullo_epi32(dot_groups<MAX_Q, N>(q, p), sc));
+#else
+    (void) sc;
+    constexpr int CHUNK = 32767 / (2 * MAX_Q * 128) < N ? 32767 / (2 * MAX_Q * 128) : N;
+    for (int k0 = 0; k0 < N; k0 += CHUNK) {
+        __m256i s16 = _mm256_maddubs_epi16(q[k0], _mm256_set1_epi32((int) load_u32(p + 4 * k0)));
+        for (int k = k0 + 1; k < k0 + CHUNK && k < N; ++k) {
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(q[k], _mm256_set1_epi32((int) load_u32(p + 4 * k))));
+        }
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(s16, sc16));
+    }
+    return isum;
+#endif
+}
+
+// Groups of 4 weight quants per scaled dot step in Format::columns: a whole group of 32 where VNNI's registers
+// hold it beside RN accumulators, half of one with AVX2's 16 registers
+#if DFLASH_CPU_GEMM_VNNI && defined(__AVX512F__)
+constexpr int STEP_GROUPS = 8;
+#else
+constexpr int STEP_GROUPS = 4;
+#endif
 
 // ---- Q4_K and Q5_K ----
 
@@ -187,16 +219,32 @@ struct K4Format : KTraits<WeightBlock, K4Packed, 3> {
         return finish_k<true>(isum, msum, rs, c, acc);
     }
 
-    static DFLASH_INLINE __m256 column(const K4Packed & w, const int8_t * p, const KScale * c, __m256 acc) {
-        __m256i isum = _mm256_setzero_si256();
-        __m256i msum = _mm256_setzero_si256();
+    // every column of one unpacked block: each part of a group's quants stays in registers for all RN columns
+    template <int RN>
+    static DFLASH_INLINE void columns(const K4Packed & w, const Activations<Self> & a, int64_t b, int64_t j0,
+                                      __m256 * acc) {
+        const int8_t * p[RN];
+        __m256i isum[RN];
+        for (int j = 0; j < RN; ++j) {
+            p[j] = a.quants(b, j0 + j);
+            isum[j] = _mm256_setzero_si256();
+        }
         for (int g = 0; g < GROUPS; ++g) {
-            isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(dot_groups<QMAX, 8>(w.q[g], p + 32 * g), w.sc[g]));
+            const __m256i sc16 = pair16(w.sc[g]);
+            for (int k = 0; k < 8; k += STEP_GROUPS) {
+                for (int j = 0; j < RN; ++j) {
+                    isum[j] = add_scaled_dot<QMAX, STEP_GROUPS>(isum[j], w.q[g] + k, p[j] + 32 * g + 4 * k, w.sc[g], sc16);
+                }
+            }
         }
-        for (int k = 0; k < GROUPS / 2; ++k) {
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(w.m_pair[k], _mm256_set1_epi32((int) load_u32(c->s16 + 2 * k))));
+        for (int j = 0; j < RN; ++j) {
+            const KScale & c = *a.scales(b, j0 + j);
+            __m256i msum = _mm256_setzero_si256();
+            for (int k = 0; k < GROUPS / 2; ++k) {
+                msum = _mm256_add_epi32(msum, _mm256_madd_epi16(w.m_pair[k], _mm256_set1_epi32((int) load_u32(c.s16 + 2 * k))));
+            }
+            acc[j] = finish(isum[j], msum, w.rs, c, acc[j]);
         }
-        return finish(isum, msum, w.rs, *c, acc);
     }
 
     template <int RN>
@@ -331,16 +379,40 @@ struct Q6_K : KTraits<block_q6_K, K6Packed, 4> {
         out.rs = row_scales(r);
     }
 
-    static DFLASH_INLINE __m256 column(const K6Packed & w, const int8_t * p, const KScale * c, __m256 acc) {
-        __m256i isum = _mm256_setzero_si256();
-        for (int g = 0; g < GROUPS; ++g) {
-            const __m256i lo = _mm256_sub_epi32(dot_groups<63, 4>(w.q[g], p + 32 * g), _mm256_set1_epi32(c->bias[2 * g]));
-            const __m256i hi = _mm256_sub_epi32(dot_groups<63, 4>(w.q[g] + 4, p + 32 * g + 16),
-                                                _mm256_set1_epi32(c->bias[2 * g + 1]));
-            isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(lo, w.sc_lo[g]));
-            isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(hi, w.sc_hi[g]));
+    // every column of one unpacked block, each half-group's quants in registers for all RN columns:
+    // isum = sum_h sc_h * sum(q * p) - 32 * sum_h sc_h * sum(p), the offset term by int16 pairs of scales
+    template <int RN>
+    static DFLASH_INLINE void columns(const K6Packed & w, const Activations<Q6_K> & a, int64_t b, int64_t j0,
+                                      __m256 * acc) {
+        const int8_t * p[RN];
+        __m256i isum[RN];
+        for (int j = 0; j < RN; ++j) {
+            p[j] = a.quants(b, j0 + j);
+            isum[j] = _mm256_setzero_si256();
         }
-        return finish(isum, _mm256_setzero_si256(), w.rs, *c, acc);
+        for (int g = 0; g < GROUPS; ++g) {
+            for (int half = 0; half < 2; ++half) {
+                const __m256i sc = half ? w.sc_hi[g] : w.sc_lo[g];
+                const __m256i sc16 = pair16(sc);
+                for (int j = 0; j < RN; ++j) {
+                    isum[j] = add_scaled_dot<63, 4>(isum[j], w.q[g] + 4 * half, p[j] + 32 * g + 16 * half, sc, sc16);
+                }
+            }
+        }
+        __m256i sc_pair[GROUPS];   // scales of halves 2g, 2g + 1 as two int16
+        for (int g = 0; g < GROUPS; ++g) {
+            sc_pair[g] = _mm256_or_si256(_mm256_and_si256(w.sc_lo[g], _mm256_set1_epi32(0xFFFF)),
+                                         _mm256_slli_epi32(w.sc_hi[g], 16));
+        }
+        for (int j = 0; j < RN; ++j) {
+            const KScale & c = *a.scales(b, j0 + j);
+            __m256i offset = _mm256_setzero_si256();
+            for (int g = 0; g < GROUPS; ++g) {
+                offset = _mm256_add_epi32(offset, _mm256_madd_epi16(sc_pair[g], _mm256_set1_epi32((int) load_u32(c.bsums + 2 * g))));
+            }
+            acc[j] = finish(_mm256_sub_epi32(isum[j], _mm256_slli_epi32(offset, 5)), _mm256_setzero_si256(), w.rs, c,
+                            acc[j]);
+        }
     }
 
     template <int RN>

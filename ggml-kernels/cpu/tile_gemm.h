@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -306,12 +307,23 @@ DFLASH_INLINE __m256 column_step_32(const PackedBlock & w, const int8_t * p, con
     return block_fma<Format>(isum, w.d, w.m, *c, acc);
 }
 
+// Whether Format steps all RN columns of a block at once (Format::columns<RN>): formats whose unpacked block
+// outgrows the registers walk it once, each part against every column, instead of once per column.
+template <class Format, class = void>
+struct steps_columns_together : std::false_type {};
+template <class Format>
+struct steps_columns_together<Format, std::void_t<decltype(&Format::template columns<1>)>> : std::true_type {};
+
 // acc[j] += one weight block (8 rows, unpacked) times block b of activation columns j0 + j, j < RN
 template <class Format, int RN>
 DFLASH_INLINE void accumulate_block(const typename Format::Packed & w, const Activations<Format> & a, int64_t b,
                                     int64_t j0, __m256 * acc) {
-    for (int j = 0; j < RN; ++j) {
-        acc[j] = Format::column(w, a.quants(b, j0 + j), a.scales(b, j0 + j), acc[j]);
+    if constexpr (steps_columns_together<Format>::value) {
+        Format::template columns<RN>(w, a, b, j0, acc);
+    } else {
+        for (int j = 0; j < RN; ++j) {
+            acc[j] = Format::column(w, a.quants(b, j0 + j), a.scales(b, j0 + j), acc[j]);
+        }
     }
 }
 
