@@ -44,34 +44,28 @@ KScale q8_k_column_scale(const block_q8_K & y) {
 }
 
 // d (and -dmin) of each row's super-block, lanes = rows
-struct KRowScales {
-    __m256 d;
-    __m256 neg_dmin;
+template <class V>
+struct KRowScalesT {
+    typename V::F d;
+    typename V::F neg_dmin;
 };
+using KRowScales = KRowScalesT<V8>;
 
-template <bool MIN>
-DFLASH_INLINE __m256 finish_k(__m256i isum, __m256i msum, const KRowScales & rs, const KScale & c, __m256 acc) {
-    const __m256 da = _mm256_set1_ps(c.d);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(rs.d, da), acc);
+template <bool MIN, class V>
+DFLASH_INLINE typename V::F finish_k(typename V::I isum, typename V::I msum, const KRowScalesT<V> & rs, const KScale & c,
+                                     typename V::F acc) {
+    const typename V::F da = V::set1f(c.d);
+    acc = V::fmadd(V::cvt(isum), V::mul(rs.d, da), acc);
     if (MIN) {
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(rs.neg_dmin, da), acc);
+        acc = V::fmadd(V::cvt(msum), V::mul(rs.neg_dmin, da), acc);
     }
     return acc;
 }
 
 // byte i of each 32-bit lane
-DFLASH_INLINE __m256i lane_byte(__m256i v, int i) {
-    return _mm256_and_si256(_mm256_srli_epi32(v, 8 * i), _mm256_set1_epi32(0xFF));
-}
-
-DFLASH_INLINE int32_t hsum_i32_128(__m128i x) {
-    x = _mm_add_epi32(x, _mm_unpackhi_epi64(x, x));
-    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 1));
-    return _mm_cvtsi128_si32(x);
-}
-
-DFLASH_INLINE int32_t hsum_i32(__m256i v) {
-    return hsum_i32_128(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+template <class V>
+DFLASH_INLINE typename V::I lane_byte(typename V::I v, int i) {
+    return V::and_(V::srli32(v, 8 * i), V::set1(0xFF));
 }
 
 // exact sum(u * p) of 32 unsigned weight bytes u and activation quants p, times a per-lane scale: lanes of
@@ -87,18 +81,21 @@ DFLASH_INLINE __m256i scaled_dot32(__m256i u, const int8_t * p, __m256i scale32,
 #endif
 }
 
-// a group scale of each lane (int32, lanes = rows) as int16 in both halves of the lane, for AVX2's madd
-DFLASH_INLINE __m256i pair16(__m256i sc) {
-    return _mm256_or_si256(_mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(sc, 16));
+// two int32 lanes' low halves as the int16 pair (lo, hi) of one lane: int16 pairs of scales for madd
+template <class V>
+DFLASH_INLINE typename V::I pair16(typename V::I lo, typename V::I hi) {
+    return V::or_(V::and_(lo, V::set1(0xFFFF)), V::template slli<16>(hi));
 }
 
 // isum + sc * sum over N groups of 4 of q * p, lanes = rows (see dot_groups): the scale times the exact dot
-// (VNNI), or folded into AVX2's pair sums by madd with the scale as int16 (sc16, see pair16) -- the same integer
-template <int MAX_Q, int N>
-DFLASH_INLINE __m256i add_scaled_dot(__m256i isum, const __m256i * q, const int8_t * p, __m256i sc, __m256i sc16) {
+// (VNNI), or folded into AVX2's pair sums by madd with the scale as int16 in both halves of a lane
+// (sc16 = pair16(sc, sc)) -- the same integer
+template <int MAX_Q, int N, class V>
+DFLASH_INLINE typename V::I add_scaled_dot(typename V::I isum, const typename V::I * q, const int8_t * p,
+                                           typename V::I sc, typename V::I sc16) {
 #if DFLASH_CPU_GEMM_VNNI
     (void) sc16;
-    return _mm256_add_epi32(isum, _mm256_mullo_epi32(dot_groups<MAX_Q, N>(q, p), sc));
+    return V::add(isum, V::mullo(dot_groups<MAX_Q, N, V>(q, p), sc));
 #else
     (void) sc;
     constexpr int CHUNK = 32767 / (2 * MAX_Q * 128) < N ? 32767 / (2 * MAX_Q * 128) : N;
@@ -123,12 +120,14 @@ constexpr int STEP_GROUPS = 4;
 
 // ---- Q4_K and Q5_K ----
 
-struct K4Packed {
-    __m256i q[GROUPS][8];   // transposed quants of each group (see PackedBlock)
-    __m256i sc[GROUPS];     // 6-bit scales, lanes = rows
-    __m256i m_pair[GROUPS / 2];   // 6-bit mins of groups 2k, 2k + 1 as two int16
-    KRowScales rs;
+template <class V>
+struct K4PackedT {
+    typename V::I q[GROUPS][8];   // transposed quants of each group (see PackedBlock)
+    typename V::I sc[GROUPS];     // 6-bit scales, lanes = rows
+    typename V::I m_pair[GROUPS / 2];   // 6-bit mins of groups 2k, 2k + 1 as two int16
+    KRowScalesT<V> rs;
 };
+using K4Packed = K4PackedT<V8>;
 
 // get_scale_min_k4 for all 8 groups of one row, as ggml's vec_dot unpacks them: bytes 0..7 the scales,
 // bytes 8..15 the mins
@@ -150,100 +149,109 @@ DFLASH_INLINE KRowScales k_row_scales(const Row * (&r)[TILE_ROWS]) {
 }
 
 // The same, lanes = rows, for the transposed tile
-template <typename Row>
-DFLASH_INLINE void unpack_scales_mins(const Row * (&r)[TILE_ROWS], K4Packed & out) {
+template <class V, typename Row>
+DFLASH_INLINE void unpack_scales_mins(const TileRows<V, Row> & r, K4PackedT<V> & out) {
+    using I = typename V::I;
     const size_t at = offsetof(Row, scales);
-    const __m256i a0 = load_lanes_u32(r, at);       // scales[0..3]: sc_0..3 (low 6 bits), high bits of sc_4..7
-    const __m256i a1 = load_lanes_u32(r, at + 4);   // scales[4..7]: m_0..3, high bits of m_4..7
-    const __m256i a2 = load_lanes_u32(r, at + 8);   // scales[8..11]: low 4 bits of sc_4..7 and m_4..7
-    const __m256i six = _mm256_set1_epi32(63);
-    const __m256i four = _mm256_set1_epi32(15);
-    __m256i m[GROUPS];
+    const I a0 = r.lanes_u32(at);       // scales[0..3]: sc_0..3 (low 6 bits), high bits of sc_4..7
+    const I a1 = r.lanes_u32(at + 4);   // scales[4..7]: m_0..3, high bits of m_4..7
+    const I a2 = r.lanes_u32(at + 8);   // scales[8..11]: low 4 bits of sc_4..7 and m_4..7
+    const I six = V::set1(63);
+    const I four = V::set1(15);
+    I m[GROUPS];
     for (int g = 0; g < 4; ++g) {
-        const __m256i b2 = lane_byte(a2, g);
-        out.sc[g] = _mm256_and_si256(lane_byte(a0, g), six);
-        m[g] = _mm256_and_si256(lane_byte(a1, g), six);
-        out.sc[g + 4] = _mm256_or_si256(_mm256_and_si256(b2, four),
-                                        _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(a0, g), 6), 4));
-        m[g + 4] = _mm256_or_si256(_mm256_srli_epi32(b2, 4),
-                                   _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(a1, g), 6), 4));
+        const I b2 = lane_byte<V>(a2, g);
+        out.sc[g] = V::and_(lane_byte<V>(a0, g), six);
+        m[g] = V::and_(lane_byte<V>(a1, g), six);
+        out.sc[g + 4] = V::or_(V::and_(b2, four), V::slli32(V::srli32(lane_byte<V>(a0, g), 6), 4));
+        m[g + 4] = V::or_(V::srli32(b2, 4), V::slli32(V::srli32(lane_byte<V>(a1, g), 6), 4));
     }
     for (int k = 0; k < GROUPS / 2; ++k) {
-        out.m_pair[k] = _mm256_or_si256(m[2 * k], _mm256_slli_epi32(m[2 * k + 1], 16));
+        out.m_pair[k] = V::or_(m[2 * k], V::slli32(m[2 * k + 1], 16));
     }
-    out.rs = k_row_scales(r);
+    out.rs = KRowScalesT<V>{r.lanes_f16(0), V::neg(r.lanes_f16(sizeof(ggml_half)))};
 }
 
 // The 4-bit quants of Q4_K / Q5_K rows: 32 bytes per pair of groups, group 2c in the low nibbles of
 // bytes 32c.., group 2c + 1 in the high ones
-template <typename Row>
-DFLASH_INLINE void unpack_low_nibbles(const Row * (&r)[TILE_ROWS], K4Packed & out) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
+template <class V, typename Row>
+DFLASH_INLINE void unpack_low_nibbles(const TileRows<V, Row> & r, K4PackedT<V> & out) {
+    const typename V::I low4 = V::set1_8(0x0F);
     for (int c = 0; c < GROUPS / 2; ++c) {
-        __m256i g[TILE_ROWS];
-        load_transposed(r, offsetof(Row, qs) + 32 * c, g);
+        typename V::I g[TILE_ROWS];
+        r.transposed(offsetof(Row, qs) + 32 * c, g);
         for (int k = 0; k < TILE_ROWS; ++k) {
-            out.q[2 * c][k] = _mm256_and_si256(g[k], low4);
-            out.q[2 * c + 1][k] = _mm256_and_si256(_mm256_srli_epi16(g[k], 4), low4);
+            out.q[2 * c][k] = V::and_(g[k], low4);
+            out.q[2 * c + 1][k] = V::and_(V::srli16(g[k], 4), low4);
         }
     }
 }
 
 // bit g of each byte moved to bit 4 (16-bit shifts: bits crossing bytes land outside bit 4)
-DFLASH_INLINE __m256i fifth_bit(__m256i h, int g) {
-    const __m256i moved = g < 4 ? _mm256_slli_epi16(h, 4 - g) : _mm256_srli_epi16(h, g - 4);
-    return _mm256_and_si256(moved, _mm256_set1_epi8(0x10));
+template <class V = V8>
+DFLASH_INLINE typename V::I fifth_bit(typename V::I h, int g) {
+    const typename V::I moved = g < 4 ? V::slli16(h, 4 - g) : V::srli16(h, g - 4);
+    return V::and_(moved, V::set1_8(0x10));
 }
 
 // What the K-quant formats share: Q8_K activations, the transposed tile, the row-major path up to ROWS columns
-template <typename WeightBlock, typename PackedBlocks, int64_t ROWS>
+template <typename WeightBlock, template <class> class PackedBlocks, int64_t ROWS>
 struct KTraits {
     using Block = WeightBlock;
     using ActBlock = block_q8_K;
     using Scale = KScale;
-    using Packed = PackedBlocks;
+    using Packed = PackedBlocks<V8>;
+    template <class V> using PackedT = PackedBlocks<V>;
     using RowScales = KRowScales;
     static constexpr bool TILED = true;
     static constexpr bool ROW_MAJOR = true;
     static constexpr int64_t ROWWISE_MAX = ROWS;
+    static constexpr bool COLUMNS_TOGETHER = true;
+    // 16-row tiles (V16) measured no faster for Q4_K and slower for Q6_K (8 columns x 4 qwen3-0.6b layers,
+    // 1 thread: Q4_K 7.9 vs 7.2-8.2 ms, Q6_K 16.6 vs 12.3): the K-quants run 8-row tiles on every variant
+    static constexpr bool PAIR_TILES = false;
+    static constexpr bool UNPACKS_EVERY_WIDTH = true;   // unpack<V>: straight into V's lanes
 
     static KScale column_scale(const block_q8_K & y) { return q8_k_column_scale(y); }
 };
 
 // measured (lab/cpu_matmul_cost.py): row-major wins up to 3 columns of Q4_K / Q5_K
 template <class Self, typename WeightBlock, int QMAX>
-struct K4Format : KTraits<WeightBlock, K4Packed, 3> {
+struct K4Format : KTraits<WeightBlock, K4PackedT, 3> {
     using Block = WeightBlock;
     static DFLASH_INLINE KRowScales row_scales(const Block * (&r)[TILE_ROWS]) { return k_row_scales(r); }
-    static DFLASH_INLINE __m256 finish(__m256i isum, __m256i msum, const KRowScales & rs, const KScale & c, __m256 acc) {
-        return finish_k<true>(isum, msum, rs, c, acc);
+    template <class V = V8>
+    static DFLASH_INLINE typename V::F finish(typename V::I isum, typename V::I msum, const KRowScalesT<V> & rs,
+                                              const KScale & c, typename V::F acc) {
+        return finish_k<true, V>(isum, msum, rs, c, acc);
     }
 
     // every column of one unpacked block: each part of a group's quants stays in registers for all RN columns
-    template <int RN>
-    static DFLASH_INLINE void columns(const K4Packed & w, const Activations<Self> & a, int64_t b, int64_t j0,
-                                      __m256 * acc) {
+    template <int RN, class V>
+    static DFLASH_INLINE void columns(const K4PackedT<V> & w, const Activations<Self> & a, int64_t b, int64_t j0,
+                                      typename V::F * acc) {
         const int8_t * p[RN];
-        __m256i isum[RN];
+        typename V::I isum[RN];
         for (int j = 0; j < RN; ++j) {
             p[j] = a.quants(b, j0 + j);
-            isum[j] = _mm256_setzero_si256();
+            isum[j] = V::zero();
         }
         for (int g = 0; g < GROUPS; ++g) {
-            const __m256i sc16 = pair16(w.sc[g]);
+            const typename V::I sc16 = pair16<V>(w.sc[g], w.sc[g]);
             for (int k = 0; k < 8; k += STEP_GROUPS) {
                 for (int j = 0; j < RN; ++j) {
-                    isum[j] = add_scaled_dot<QMAX, STEP_GROUPS>(isum[j], w.q[g] + k, p[j] + 32 * g + 4 * k, w.sc[g], sc16);
+                    isum[j] = add_scaled_dot<QMAX, STEP_GROUPS, V>(isum[j], w.q[g] + k, p[j] + 32 * g + 4 * k, w.sc[g],
+                                                                   sc16);
                 }
             }
         }
         for (int j = 0; j < RN; ++j) {
             const KScale & c = *a.scales(b, j0 + j);
-            __m256i msum = _mm256_setzero_si256();
+            typename V::I msum = V::zero();
             for (int k = 0; k < GROUPS / 2; ++k) {
-                msum = _mm256_add_epi32(msum, _mm256_madd_epi16(w.m_pair[k], _mm256_set1_epi32((int) load_u32(c.s16 + 2 * k))));
+                msum = V::add(msum, V::madd16(w.m_pair[k], V::set1((int) load_u32(c.s16 + 2 * k))));
             }
-            acc[j] = finish(isum[j], msum, w.rs, c, acc[j]);
+            acc[j] = finish<V>(isum[j], msum, w.rs, c, acc[j]);
         }
     }
 
@@ -286,9 +294,9 @@ struct K4Format : KTraits<WeightBlock, K4Packed, 3> {
 };
 
 struct Q4_K : K4Format<Q4_K, block_q4_K, 15> {
-    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K4Packed & out) {
-        const block_q4_K * r[TILE_ROWS];
-        t.rows(b, r);
+    template <class V>
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K4PackedT<V> & out) {
+        const TileRows<V, block_q4_K> r(t, b);
         unpack_low_nibbles(r, out);
         unpack_scales_mins(r, out);
     }
@@ -296,17 +304,17 @@ struct Q4_K : K4Format<Q4_K, block_q4_K, 15> {
 };
 
 struct Q5_K : K4Format<Q5_K, block_q5_K, 31> {
-    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K4Packed & out) {
-        const block_q5_K * r[TILE_ROWS];
-        t.rows(b, r);
+    template <class V>
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K4PackedT<V> & out) {
+        const TileRows<V, block_q5_K> r(t, b);
         unpack_low_nibbles(r, out);
         // value l of group g (byte l of the group's 32) takes bit g of qh[l]; transposed, lane byte j of
         // h[k] is qh[4k + j], the same positions as the group's q[k]
-        __m256i h[TILE_ROWS];
-        load_transposed(r, offsetof(block_q5_K, qh), h);
+        typename V::I h[TILE_ROWS];
+        r.transposed(offsetof(block_q5_K, qh), h);
         for (int g = 0; g < GROUPS; ++g) {
             for (int k = 0; k < TILE_ROWS; ++k) {
-                out.q[g][k] = _mm256_or_si256(out.q[g][k], fifth_bit(h[k], g));
+                out.q[g][k] = V::or_(out.q[g][k], fifth_bit<V>(h[k], g));
             }
         }
         unpack_scales_mins(r, out);
@@ -324,94 +332,97 @@ struct Q5_K : K4Format<Q5_K, block_q5_K, 31> {
 // from ql[64n + 32 (t % 2) + l] (low nibble for t < 2, high for t >= 2), the high 2 from bits 2t, 2t + 1 of
 // qh[32n + l]; value v has scale sc[v / 16].
 
-struct K6Packed {
-    __m256i q[GROUPS][8];     // transposed: q[g][0..3] the group's first 16 values, q[g][4..7] its second 16
-    __m256i sc_lo[GROUPS];    // scale of the first 16, lanes = rows
-    __m256i sc_hi[GROUPS];    // of the second 16
-    KRowScales rs;
+template <class V>
+struct K6PackedT {
+    typename V::I q[GROUPS][8];     // transposed: q[g][0..3] the group's first 16 values, q[g][4..7] its second 16
+    typename V::I sc_lo[GROUPS];    // scale of the first 16, lanes = rows
+    typename V::I sc_hi[GROUPS];    // of the second 16
+    KRowScalesT<V> rs;
 };
+using K6Packed = K6PackedT<V8>;
 
 // the 6-bit quants of group 4n + t from its low-bits bytes l and high-bits bytes h (either layout)
-DFLASH_INLINE __m256i q6_group(__m256i l, __m256i h, int t) {
-    const __m256i lo = t >= 2 ? _mm256_and_si256(_mm256_srli_epi16(l, 4), _mm256_set1_epi8(0x0F))
-                              : _mm256_and_si256(l, _mm256_set1_epi8(0x0F));
+template <class V = V8>
+DFLASH_INLINE typename V::I q6_group(typename V::I l, typename V::I h, int t) {
+    const typename V::I lo = t >= 2 ? V::and_(V::srli16(l, 4), V::set1_8(0x0F)) : V::and_(l, V::set1_8(0x0F));
     // bits 2t, 2t + 1 of each byte to bits 4, 5
-    const __m256i hi = t < 2 ? _mm256_slli_epi16(h, 4 - 2 * t) : t == 2 ? h : _mm256_srli_epi16(h, 2);
-    return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
+    const typename V::I hi = t < 2 ? V::slli16(h, 4 - 2 * t) : t == 2 ? h : V::srli16(h, 2);
+    return V::or_(lo, V::and_(hi, V::set1_8(0x30)));
 }
 
 // measured: up to 4 columns of Q6_K, whose transposed unpack (6-bit quants from two places) costs more
-struct Q6_K : KTraits<block_q6_K, K6Packed, 4> {
+struct Q6_K : KTraits<block_q6_K, K6PackedT, 4> {
     static DFLASH_INLINE KRowScales row_scales(const block_q6_K * (&r)[TILE_ROWS]) {
         return KRowScales{load_lanes_f16(r, offsetof(block_q6_K, d)), _mm256_setzero_ps()};
     }
-    static DFLASH_INLINE __m256 finish(__m256i isum, __m256i msum, const KRowScales & rs, const KScale & c, __m256 acc) {
-        return finish_k<false>(isum, msum, rs, c, acc);
+    template <class V = V8>
+    static DFLASH_INLINE typename V::F finish(typename V::I isum, typename V::I msum, const KRowScalesT<V> & rs,
+                                              const KScale & c, typename V::F acc) {
+        return finish_k<false, V>(isum, msum, rs, c, acc);
     }
 
-    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K6Packed & out) {
-        const block_q6_K * r[TILE_ROWS];
-        t.rows(b, r);
+    template <class V>
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K6PackedT<V> & out) {
+        using I = typename V::I;
+        const TileRows<V, block_q6_K> r(t, b);
         for (int n = 0; n < 2; ++n) {
-            __m256i h[TILE_ROWS];
-            load_transposed(r, offsetof(block_q6_K, qh) + 32 * n, h);
+            I h[TILE_ROWS];
+            r.transposed(offsetof(block_q6_K, qh) + 32 * n, h);
             for (int half = 0; half < 2; ++half) {
-                __m256i l[TILE_ROWS];
-                load_transposed(r, offsetof(block_q6_K, ql) + 64 * n + 32 * half, l);
+                I l[TILE_ROWS];
+                r.transposed(offsetof(block_q6_K, ql) + 64 * n + 32 * half, l);
                 for (int nib = 0; nib < 2; ++nib) {
                     const int tq = 2 * nib + half;
                     for (int k = 0; k < TILE_ROWS; ++k) {
-                        out.q[4 * n + tq][k] = q6_group(l[k], h[k], tq);
+                        out.q[4 * n + tq][k] = q6_group<V>(l[k], h[k], tq);
                     }
                 }
             }
         }
         // sc[j] signed bytes, lanes = rows: byte j % 4 of word j / 4, sign-extended
-        __m256i words[4];
+        I words[4];
         for (int w = 0; w < 4; ++w) {
-            words[w] = load_lanes_u32(r, offsetof(block_q6_K, scales) + 4 * w);
+            words[w] = r.lanes_u32(offsetof(block_q6_K, scales) + 4 * w);
         }
         for (int g = 0; g < GROUPS; ++g) {
             const int j = 2 * g;   // scales j, j + 1: the same word (j % 4 is 0 or 2)
-            out.sc_lo[g] = _mm256_srai_epi32(_mm256_slli_epi32(words[j / 4], 24 - 8 * (j % 4)), 24);
-            out.sc_hi[g] = _mm256_srai_epi32(_mm256_slli_epi32(words[j / 4], 16 - 8 * (j % 4)), 24);
+            out.sc_lo[g] = V::srai32(V::slli32(words[j / 4], 24 - 8 * (j % 4)), 24);
+            out.sc_hi[g] = V::srai32(V::slli32(words[j / 4], 16 - 8 * (j % 4)), 24);
         }
-        out.rs = row_scales(r);
+        out.rs = KRowScalesT<V>{r.lanes_f16(offsetof(block_q6_K, d)), V::zerof()};
     }
 
     // every column of one unpacked block, each half-group's quants in registers for all RN columns:
     // isum = sum_h sc_h * sum(q * p) - 32 * sum_h sc_h * sum(p), the offset term by int16 pairs of scales
-    template <int RN>
-    static DFLASH_INLINE void columns(const K6Packed & w, const Activations<Q6_K> & a, int64_t b, int64_t j0,
-                                      __m256 * acc) {
+    template <int RN, class V>
+    static DFLASH_INLINE void columns(const K6PackedT<V> & w, const Activations<Q6_K> & a, int64_t b, int64_t j0,
+                                      typename V::F * acc) {
         const int8_t * p[RN];
-        __m256i isum[RN];
+        typename V::I isum[RN];
         for (int j = 0; j < RN; ++j) {
             p[j] = a.quants(b, j0 + j);
-            isum[j] = _mm256_setzero_si256();
+            isum[j] = V::zero();
         }
         for (int g = 0; g < GROUPS; ++g) {
             for (int half = 0; half < 2; ++half) {
-                const __m256i sc = half ? w.sc_hi[g] : w.sc_lo[g];
-                const __m256i sc16 = pair16(sc);
+                const typename V::I sc = half ? w.sc_hi[g] : w.sc_lo[g];
+                const typename V::I sc16 = pair16<V>(sc, sc);
                 for (int j = 0; j < RN; ++j) {
-                    isum[j] = add_scaled_dot<63, 4>(isum[j], w.q[g] + 4 * half, p[j] + 32 * g + 16 * half, sc, sc16);
+                    isum[j] = add_scaled_dot<63, 4, V>(isum[j], w.q[g] + 4 * half, p[j] + 32 * g + 16 * half, sc, sc16);
                 }
             }
         }
-        __m256i sc_pair[GROUPS];   // scales of halves 2g, 2g + 1 as two int16
+        typename V::I sc_pair[GROUPS];   // scales of halves 2g, 2g + 1 as two int16
         for (int g = 0; g < GROUPS; ++g) {
-            sc_pair[g] = _mm256_or_si256(_mm256_and_si256(w.sc_lo[g], _mm256_set1_epi32(0xFFFF)),
-                                         _mm256_slli_epi32(w.sc_hi[g], 16));
+            sc_pair[g] = pair16<V>(w.sc_lo[g], w.sc_hi[g]);
         }
         for (int j = 0; j < RN; ++j) {
             const KScale & c = *a.scales(b, j0 + j);
-            __m256i offset = _mm256_setzero_si256();
+            typename V::I offset = V::zero();
             for (int g = 0; g < GROUPS; ++g) {
-                offset = _mm256_add_epi32(offset, _mm256_madd_epi16(sc_pair[g], _mm256_set1_epi32((int) load_u32(c.bsums + 2 * g))));
+                offset = V::add(offset, V::madd16(sc_pair[g], V::set1((int) load_u32(c.bsums + 2 * g))));
             }
-            acc[j] = finish(_mm256_sub_epi32(isum[j], _mm256_slli_epi32(offset, 5)), _mm256_setzero_si256(), w.rs, c,
-                            acc[j]);
+            acc[j] = finish<V>(V::sub(isum[j], V::template slli<5>(offset)), V::zero(), w.rs, c, acc[j]);
         }
     }
 

@@ -14,26 +14,60 @@ namespace DFLASH_CPU_VARIANT {
 
 namespace {
 
+// a block's 32 nibbles in value order (value k: low nibble of byte k, value k + 16: high nibble of byte k)
+DFLASH_INLINE __m256i nibbles_in_order(const uint8_t * qs) {
+    const __m128i x = _mm_loadu_si128((const __m128i *) qs);
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), low4), _mm_and_si128(x, low4));
+}
+
 template <class Self, typename WeightBlock, int QMAX, int OFFSET>
 struct Offset32 {
     using Block = WeightBlock;
     using ActBlock = block_q8_0;
     using Scale = ColumnScale;
     using Packed = PackedBlock;
+    template <class V> using PackedT = PackedBlockT<V>;
+    static constexpr bool PAIR_TILES = true;
+    static constexpr bool UNPACKS_EVERY_WIDTH = false;   // 8 rows; 16 widened from two
     static constexpr bool ROW_MAJOR = false;
     static constexpr int MAX_Q = QMAX;
     static constexpr bool FLOAT_MIN = false;
     static constexpr bool TILED = true;
-    static constexpr int64_t ROWWISE_MAX = 0;
+    static constexpr int64_t ROWWISE_MAX = 1;   // one column row-wise: no transpose to pay back (see Q8_0)
 
     static ColumnScale column_scale(const block_q8_0 & y) { return q8_0_column_scale(y, OFFSET); }
 
-    static DFLASH_INLINE __m256 column(const PackedBlock & w, const int8_t * p, const ColumnScale * c, __m256 acc) {
-        return column_step_32<Self>(w, p, c, acc);
+    static DFLASH_INLINE __m256 row_scales(const Block * (&r)[TILE_ROWS]) {
+        return load_lanes_f16(r, offsetof(Block, d));
+    }
+
+    // exact sum(q * p) - OFFSET * sum(p) of the 8 rows' blocks with one activation block p, lane r = row r
+    static DFLASH_INLINE __m256i dot_rows(const Block * (&r)[TILE_ROWS], const int8_t * p, const ColumnScale & c) {
+        const __m256i pv = _mm256_loadu_si256((const __m256i *) p);
+        __m256i v[TILE_ROWS];
+        for (int i = 0; i < TILE_ROWS; ++i) {
+            const __m256i q = Self::row_quants(*r[i]);
+#if DFLASH_CPU_GEMM_VNNI
+            v[i] = DFLASH_DPBUSD(_mm256_setzero_si256(), q, pv);
+#else
+            static_assert(2 * QMAX * 128 <= 32767, "maddubs pairs overflow int16 for these quants");
+            v[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(q, pv), _mm256_set1_epi16(1));
+#endif
+        }
+        return _mm256_sub_epi32(sum_lanes(v), _mm256_set1_epi32(c.bias));
+    }
+
+    template <class V>
+    static DFLASH_INLINE typename V::F column(const PackedBlockT<V> & w, const int8_t * p, const ColumnScale * c,
+                                              typename V::F acc) {
+        return column_step_32<Self, V>(w, p, c, acc);
     }
 };
 
 struct Q4_0 : Offset32<Q4_0, block_q4_0, 15, 8> {
+    static DFLASH_INLINE __m256i row_quants(const block_q4_0 & x) { return nibbles_in_order(x.qs); }
+
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
         const block_q4_0 * r[TILE_ROWS];
         t.rows(b, r);
@@ -44,6 +78,17 @@ struct Q4_0 : Offset32<Q4_0, block_q4_0, 15, 8> {
 };
 
 struct Q5_0 : Offset32<Q5_0, block_q5_0, 31, 16> {
+    // value k takes bit k of qh as its fifth bit (0x10)
+    static DFLASH_INLINE __m256i row_quants(const block_q5_0 & x) {
+        const __m256i qh = _mm256_set1_epi32((int) load_u32(x.qh));
+        // byte k of the 32 picks byte k / 8 of qh, then tests its bit k % 8
+        const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+        const __m256i bit = _mm256_set1_epi64x((long long) 0x8040201008040201ULL);
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, spread), bit), bit);
+        return _mm256_or_si256(nibbles_in_order(x.qs), _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
         const block_q5_0 * r[TILE_ROWS];
         t.rows(b, r);

@@ -17,6 +17,9 @@ struct Q4_1 {
     using ActBlock = block_q8_1;
     using Scale = ColumnScale;
     using Packed = PackedBlock;
+    template <class V> using PackedT = PackedBlockT<V>;
+    static constexpr bool PAIR_TILES = true;
+    static constexpr bool UNPACKS_EVERY_WIDTH = false;   // 8 rows; 16 widened from two
     static constexpr bool ROW_MAJOR = false;
     static constexpr int MAX_Q = 15;
     static constexpr bool FLOAT_MIN = true;
@@ -28,8 +31,10 @@ struct Q4_1 {
         return ColumnScale{_cvtsh_ss((unsigned short) (ds & 0xFFFF)), _cvtsh_ss((unsigned short) (ds >> 16)), 0};
     }
 
-    static DFLASH_INLINE __m256 column(const PackedBlock & w, const int8_t * p, const ColumnScale * c, __m256 acc) {
-        return column_step_32<Q4_1>(w, p, c, acc);
+    template <class V>
+    static DFLASH_INLINE typename V::F column(const PackedBlockT<V> & w, const int8_t * p, const ColumnScale * c,
+                                              typename V::F acc) {
+        return column_step_32<Q4_1, V>(w, p, c, acc);
     }
 
     // Block b of a tile, transposed into lanes (see PackedBlock).

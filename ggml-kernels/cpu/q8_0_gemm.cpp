@@ -20,23 +20,14 @@ namespace DFLASH_CPU_VARIANT {
 
 namespace {
 
-// sum of each 32-bit lane of 8 vectors, one lane per vector: lane r = sum of v[r]'s 8 lanes
-DFLASH_INLINE __m256i sum_lanes(const __m256i (&v)[TILE_ROWS]) {
-    const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]);
-    const __m256i h23 = _mm256_hadd_epi32(v[2], v[3]);
-    const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]);
-    const __m256i h67 = _mm256_hadd_epi32(v[6], v[7]);
-    const __m256i h0123 = _mm256_hadd_epi32(h01, h23);   // rows 0..3: low half, then high half
-    const __m256i h4567 = _mm256_hadd_epi32(h45, h67);
-    return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
-                            _mm256_permute2x128_si256(h0123, h4567, 0x31));
-}
-
 struct Q8_0 {
     using Block = block_q8_0;
     using ActBlock = block_q8_0;
     using Scale = ColumnScale;
     using Packed = PackedBlock;
+    template <class V> using PackedT = PackedBlockT<V>;
+    static constexpr bool PAIR_TILES = true;
+    static constexpr bool UNPACKS_EVERY_WIDTH = false;   // 8 rows; 16 widened from two
     static constexpr bool ROW_MAJOR = false;
     static constexpr int MAX_Q = 255;
     static constexpr bool FLOAT_MIN = false;
@@ -80,8 +71,10 @@ struct Q8_0 {
     }
 
 #if DFLASH_CPU_GEMM_VNNI
-    static DFLASH_INLINE __m256 column(const PackedBlock & w, const int8_t * p, const ColumnScale * c, __m256 acc) {
-        return column_step_32<Q8_0>(w, p, c, acc);
+    template <class V>
+    static DFLASH_INLINE typename V::F column(const PackedBlockT<V> & w, const int8_t * p, const ColumnScale * c,
+                                              typename V::F acc) {
+        return column_step_32<Q8_0, V>(w, p, c, acc);
     }
 
     // Block b of a tile, transposed into lanes (see PackedBlock): an 8x8 transpose of 32-bit groups.

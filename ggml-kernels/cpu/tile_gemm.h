@@ -88,14 +88,111 @@ T * grow(std::vector<T> & v, size_t n) {
     return v.data();
 }
 
+// The vectors the per-column steps run on, lane r = weight row r: 8 rows in a __m256 (V8, every variant), or
+// with AVX-512 two adjacent 8-row tiles side by side in a __m512 (V16), which halves the broadcasts and
+// instructions per row. Each lane takes the same integer and float steps either way, so a row's result has the
+// same bits in both.
+struct V8 {
+    using I = __m256i;
+    using F = __m256;
+    static constexpr int ROWS = 8;
+    static DFLASH_INLINE I zero() { return _mm256_setzero_si256(); }
+    static DFLASH_INLINE F zerof() { return _mm256_setzero_ps(); }
+    static DFLASH_INLINE I set1(int v) { return _mm256_set1_epi32(v); }
+    static DFLASH_INLINE F set1f(float v) { return _mm256_set1_ps(v); }
+    static DFLASH_INLINE I add(I a, I b) { return _mm256_add_epi32(a, b); }
+    static DFLASH_INLINE I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
+    static DFLASH_INLINE I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
+    static DFLASH_INLINE I madd16(I a, I b) { return _mm256_madd_epi16(a, b); }
+    static DFLASH_INLINE I and_(I a, I b) { return _mm256_and_si256(a, b); }
+    static DFLASH_INLINE I or_(I a, I b) { return _mm256_or_si256(a, b); }
+    template <int N> static DFLASH_INLINE I slli(I a) { return _mm256_slli_epi32(a, N); }
+    static DFLASH_INLINE F cvt(I a) { return _mm256_cvtepi32_ps(a); }
+    static DFLASH_INLINE F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+    static DFLASH_INLINE F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+#if DFLASH_CPU_GEMM_VNNI
+    static DFLASH_INLINE I dpbusd(I acc, I u, I s) { return DFLASH_DPBUSD(acc, u, s); }
+#endif
+    static DFLASH_INLINE void store(float * out, F v) { _mm256_storeu_ps(out, v); }
+    static DFLASH_INLINE I set1_8(char v) { return _mm256_set1_epi8(v); }
+    static DFLASH_INLINE I srli16(I a, int n) { return _mm256_srli_epi16(a, n); }
+    static DFLASH_INLINE I slli16(I a, int n) { return _mm256_slli_epi16(a, n); }
+    static DFLASH_INLINE I srli32(I a, int n) { return _mm256_srli_epi32(a, n); }
+    static DFLASH_INLINE I slli32(I a, int n) { return _mm256_slli_epi32(a, n); }
+    static DFLASH_INLINE I srai32(I a, int n) { return _mm256_srai_epi32(a, n); }
+    static DFLASH_INLINE F neg(F a) { return _mm256_sub_ps(_mm256_setzero_ps(), a); }
+};
+
+#if defined(__AVX512F__) && DFLASH_CPU_GEMM_VNNI
+#define DFLASH_CPU_GEMM_V16 1
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 warns inside its own AVX-512 intrinsics (their undefined pass-through operands)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+struct V16 {
+    using I = __m512i;
+    using F = __m512;
+    static constexpr int ROWS = 16;
+    static DFLASH_INLINE I zero() { return _mm512_setzero_si512(); }
+    static DFLASH_INLINE F zerof() { return _mm512_setzero_ps(); }
+    static DFLASH_INLINE I set1(int v) { return _mm512_set1_epi32(v); }
+    static DFLASH_INLINE F set1f(float v) { return _mm512_set1_ps(v); }
+    static DFLASH_INLINE I add(I a, I b) { return _mm512_add_epi32(a, b); }
+    static DFLASH_INLINE I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
+    static DFLASH_INLINE I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
+    static DFLASH_INLINE I madd16(I a, I b) { return _mm512_madd_epi16(a, b); }
+    static DFLASH_INLINE I and_(I a, I b) { return _mm512_and_si512(a, b); }
+    static DFLASH_INLINE I or_(I a, I b) { return _mm512_or_si512(a, b); }
+    template <int N> static DFLASH_INLINE I slli(I a) { return _mm512_slli_epi32(a, N); }
+    static DFLASH_INLINE F cvt(I a) { return _mm512_cvtepi32_ps(a); }
+    static DFLASH_INLINE F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+    static DFLASH_INLINE F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+    static DFLASH_INLINE I dpbusd(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
+    static DFLASH_INLINE void store(float * out, F v) { _mm512_storeu_ps(out, v); }
+    static DFLASH_INLINE I set1_8(char v) { return _mm512_set1_epi8(v); }
+    static DFLASH_INLINE I srli16(I a, int n) { return _mm512_srli_epi16(a, n); }
+    static DFLASH_INLINE I slli16(I a, int n) { return _mm512_slli_epi16(a, n); }
+    static DFLASH_INLINE I srli32(I a, int n) { return _mm512_srli_epi32(a, n); }
+    static DFLASH_INLINE I slli32(I a, int n) { return _mm512_slli_epi32(a, n); }
+    static DFLASH_INLINE I srai32(I a, int n) { return _mm512_srai_epi32(a, n); }
+    static DFLASH_INLINE F neg(F a) { return _mm512_sub_ps(_mm512_setzero_ps(), a); }
+    // lanes 0..7 from lo, 8..15 from hi
+    static DFLASH_INLINE I join(__m256i lo, __m256i hi) {
+        return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+    static DFLASH_INLINE F join(__m256 lo, __m256 hi) {
+        return _mm512_castsi512_ps(join(_mm256_castps_si256(lo), _mm256_castps_si256(hi)));
+    }
+};
+#endif
+
+// An unpacked block of two adjacent tiles side by side (V16) from each tile's own (V8): every member vector of
+// P8 is a __m256 or __m256i, P16 has the same members as __m512 / __m512i
+template <class P8, class P16>
+DFLASH_INLINE void widen(const P8 & lo, const P8 & hi, P16 & out) {
+#if DFLASH_CPU_GEMM_V16
+    static_assert(sizeof(P8) % sizeof(__m256i) == 0 && sizeof(P16) == 2 * sizeof(P8), "vector members only");
+    const __m256i * a = (const __m256i *) &lo;
+    const __m256i * b = (const __m256i *) &hi;
+    __m512i * o = (__m512i *) &out;
+    for (size_t i = 0; i < sizeof(P8) / sizeof(__m256i); ++i) {
+        o[i] = _mm512_inserti64x4(_mm512_castsi256_si512(a[i]), b[i], 1);
+    }
+#else
+    (void) lo; (void) hi; (void) out;
+#endif
+}
+
 // One block of a tile of 8 weight rows, transposed: lane r of q[g] holds the 4 unsigned quants of
 // row r at positions 4g..4g+3 of the block, so one dot step against 4 activation bytes broadcast to
 // all lanes advances all 8 rows at once and the result needs no horizontal sum.
-struct alignas(32) PackedBlock {
-    __m256i q[8];
-    __m256 d;      // scale of each row's 32 weights
-    __m256 m;      // min of each row's 32 weights (formats with a min term)
+template <class V>
+struct PackedBlockT {
+    typename V::I q[8];
+    typename V::F d;      // scale of each row's 32 weights
+    typename V::F m;      // min of each row's 32 weights (formats with a min term)
 };
+using PackedBlock = PackedBlockT<V8>;
 
 // 8 rows of 32 bytes, transposed by 4-byte groups: out[g] lane r = bytes 4g..4g+3 of row r
 DFLASH_INLINE void transpose_groups(const __m256i (&x)[TILE_ROWS], __m256i (&out)[TILE_ROWS]) {
@@ -121,7 +218,7 @@ DFLASH_INLINE void transpose_groups(const __m256i (&x)[TILE_ROWS], __m256i (&out
 
 // 32 bytes at p of each of 8 rows, transposed (transpose_groups)
 template <typename Row>
-DFLASH_INLINE void load_transposed(const Row * (&r)[TILE_ROWS], size_t offset, __m256i (&out)[TILE_ROWS]) {
+DFLASH_INLINE void load_transposed(const Row * const (&r)[TILE_ROWS], size_t offset, __m256i (&out)[TILE_ROWS]) {
     __m256i x[TILE_ROWS];
     for (int i = 0; i < TILE_ROWS; ++i) {
         x[i] = _mm256_loadu_si256((const __m256i *) ((const char *) r[i] + offset));
@@ -131,7 +228,7 @@ DFLASH_INLINE void load_transposed(const Row * (&r)[TILE_ROWS], size_t offset, _
 
 // 16 bytes at offset of each of 8 rows, transposed by 4-byte groups: out[g] lane r = bytes 4g..4g+3 of row r
 template <typename Row>
-DFLASH_INLINE void load_transposed16(const Row * (&r)[TILE_ROWS], size_t offset, __m256i (&out)[4]) {
+DFLASH_INLINE void load_transposed16(const Row * const (&r)[TILE_ROWS], size_t offset, __m256i (&out)[4]) {
     // 4x4 dword transpose in each 128-bit lane: rows 0..3 in the low lane, rows 4..7 in the high one
     const auto at = [&](int i) { return (const __m128i *) ((const char *) r[i] + offset); };
     const __m256i x0 = _mm256_loadu2_m128i(at(4), at(0));
@@ -150,14 +247,14 @@ DFLASH_INLINE void load_transposed16(const Row * (&r)[TILE_ROWS], size_t offset,
 
 // the 32-bit word at offset of each of 8 rows, lane r = row r
 template <typename Row>
-DFLASH_INLINE __m256i load_lanes_u32(const Row * (&r)[TILE_ROWS], size_t offset) {
+DFLASH_INLINE __m256i load_lanes_u32(const Row * const (&r)[TILE_ROWS], size_t offset) {
     const auto at = [&](int i) { return (int) load_u32((const char *) r[i] + offset); };
     return _mm256_setr_epi32(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7));
 }
 
 // the fp16 at offset of each of 8 rows as floats, lane r = row r
 template <typename Row>
-DFLASH_INLINE __m256 load_lanes_f16(const Row * (&r)[TILE_ROWS], size_t offset) {
+DFLASH_INLINE __m256 load_lanes_f16(const Row * const (&r)[TILE_ROWS], size_t offset) {
     uint16_t h[TILE_ROWS];
     for (int i = 0; i < TILE_ROWS; ++i) {
         memcpy(&h[i], (const char *) r[i] + offset, sizeof h[i]);
@@ -169,7 +266,7 @@ DFLASH_INLINE __m256 load_lanes_f16(const Row * (&r)[TILE_ROWS], size_t offset) 
 // Nibble-packed 32 weights (byte k: value k in the low nibble, value k + 16 in the high one, as Q4_0,
 // Q4_1, Q5_0 store them) of 8 rows at offset, into q[0..8) of a packed block
 template <typename Row>
-DFLASH_INLINE void unpack_nibbles32(const Row * (&r)[TILE_ROWS], size_t offset, PackedBlock & out) {
+DFLASH_INLINE void unpack_nibbles32(const Row * const (&r)[TILE_ROWS], size_t offset, PackedBlock & out) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     __m256i g[4];
     load_transposed16(r, offset, g);
@@ -177,6 +274,28 @@ DFLASH_INLINE void unpack_nibbles32(const Row * (&r)[TILE_ROWS], size_t offset, 
         out.q[k]     = _mm256_and_si256(g[k], low4);
         out.q[k + 4] = _mm256_and_si256(_mm256_srli_epi16(g[k], 4), low4);
     }
+}
+
+// sum of each 32-bit lane of 8 vectors, one lane per vector: lane r = sum of v[r]'s 8 lanes
+DFLASH_INLINE __m256i sum_lanes(const __m256i (&v)[TILE_ROWS]) {
+    const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]);
+    const __m256i h23 = _mm256_hadd_epi32(v[2], v[3]);
+    const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]);
+    const __m256i h67 = _mm256_hadd_epi32(v[6], v[7]);
+    const __m256i h0123 = _mm256_hadd_epi32(h01, h23);   // rows 0..3: low half, then high half
+    const __m256i h4567 = _mm256_hadd_epi32(h45, h67);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
+                            _mm256_permute2x128_si256(h0123, h4567, 0x31));
+}
+
+DFLASH_INLINE int32_t hsum_i32_128(__m128i x) {
+    x = _mm_add_epi32(x, _mm_unpackhi_epi64(x, x));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 1));
+    return _mm_cvtsi128_si32(x);
+}
+
+DFLASH_INLINE int32_t hsum_i32(__m256i v) {
+    return hsum_i32_128(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
 }
 
 struct ColumnScale {
@@ -250,23 +369,71 @@ struct Tile {
             }
         }
     }
+
+    // rows 8..15 of a 16-row tile (V16), as a tile of their own that fetches nothing ahead
+    DFLASH_INLINE Tile second_half() const { return Tile{base + TILE_ROWS * stride, stride, nullptr, 0}; }
 };
 
-// sum over N groups of 4 of q * p for the 8 rows of a packed block (q[0..N), lane r = row r) and 4N
-// activation quants p; MAX_Q bounds the unsigned weight quants (AVX2 keeps pair sums in int16)
-template <int MAX_Q, int N>
-DFLASH_INLINE __m256i dot_groups(const __m256i * q, const int8_t * p) {
-#if DFLASH_CPU_GEMM_VNNI
-    __m256i even = _mm256_setzero_si256();
-    __m256i odd = _mm256_setzero_si256();
-    for (int k = 0; k < N; k += 2) {
-        even = DFLASH_DPBUSD(even, q[k], _mm256_set1_epi32((int) load_u32(p + 4 * k)));
-        if (k + 1 < N) {
-            odd = DFLASH_DPBUSD(odd, q[k + 1], _mm256_set1_epi32((int) load_u32(p + 4 * k + 4)));
+// Block b of each of a tile's V::ROWS rows, in groups of 8 (Tile::rows), and what formats that unpack straight
+// into V's lanes read from them: lane r = row r
+template <class V, typename Row>
+struct TileRows {
+    const Row * r[V::ROWS / TILE_ROWS][TILE_ROWS];
+
+    DFLASH_INLINE TileRows(const Tile & t, int64_t b) {
+        t.rows(b, r[0]);
+        if constexpr (V::ROWS > TILE_ROWS) {
+            t.second_half().rows(b, r[1]);
         }
     }
-    return _mm256_add_epi32(even, odd);
+
+    // 32 bytes at offset of each row, transposed by 4-byte groups (transpose_groups)
+    DFLASH_INLINE void transposed(size_t offset, typename V::I (&out)[TILE_ROWS]) const {
+        if constexpr (V::ROWS == TILE_ROWS) {
+            load_transposed(r[0], offset, out);
+        } else {
+            __m256i lo[TILE_ROWS], hi[TILE_ROWS];
+            load_transposed(r[0], offset, lo);
+            load_transposed(r[1], offset, hi);
+            for (int k = 0; k < TILE_ROWS; ++k) {
+                out[k] = V::join(lo[k], hi[k]);
+            }
+        }
+    }
+
+    DFLASH_INLINE typename V::I lanes_u32(size_t offset) const {
+        if constexpr (V::ROWS == TILE_ROWS) {
+            return load_lanes_u32(r[0], offset);
+        } else {
+            return V::join(load_lanes_u32(r[0], offset), load_lanes_u32(r[1], offset));
+        }
+    }
+
+    DFLASH_INLINE typename V::F lanes_f16(size_t offset) const {
+        if constexpr (V::ROWS == TILE_ROWS) {
+            return load_lanes_f16(r[0], offset);
+        } else {
+            return V::join(load_lanes_f16(r[0], offset), load_lanes_f16(r[1], offset));
+        }
+    }
+};
+
+// sum over N groups of 4 of q * p for the rows of a packed block (q[0..N), lane r = row r) and 4N
+// activation quants p; MAX_Q bounds the unsigned weight quants (AVX2 keeps pair sums in int16)
+template <int MAX_Q, int N, class V = V8>
+DFLASH_INLINE typename V::I dot_groups(const typename V::I * q, const int8_t * p) {
+#if DFLASH_CPU_GEMM_VNNI
+    typename V::I even = V::zero();
+    typename V::I odd = V::zero();
+    for (int k = 0; k < N; k += 2) {
+        even = V::dpbusd(even, q[k], V::set1((int) load_u32(p + 4 * k)));
+        if (k + 1 < N) {
+            odd = V::dpbusd(odd, q[k + 1], V::set1((int) load_u32(p + 4 * k + 4)));
+        }
+    }
+    return V::add(even, odd);
 #else
+    static_assert(V::ROWS == 8, "AVX2 runs 8-row tiles");
     // maddubs pairs |q*p + q*p| <= 2 * MAX_Q * 128; CHUNK of them summed stay within int16
     static_assert(2 * MAX_Q * 128 <= 32767, "maddubs pairs overflow int16 for these quants");
     constexpr int CHUNK = 32767 / (2 * MAX_Q * 128) < N ? 32767 / (2 * MAX_Q * 128) : N;
@@ -287,43 +454,63 @@ DFLASH_INLINE __m256i dot_groups(const __m256i * q, const int8_t * p) {
 // acc += isum * (d * d_a) [+ m * s]. Keeping this sequence (and the block order) fixed per output
 // makes a column's result independent of the batch width and of the instruction set that produced
 // isum: integer sums are exact, so only these roundings count.
-template <class Format>
-DFLASH_INLINE __m256 block_fma(__m256i isum, __m256 d, __m256 m, const ColumnScale & c, __m256 acc) {
-    const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(c.d));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
+template <class Format, class V = V8>
+DFLASH_INLINE typename V::F block_fma(typename V::I isum, typename V::F d, typename V::F m, const ColumnScale & c,
+                                      typename V::F acc) {
+    const typename V::F dd = V::mul(d, V::set1f(c.d));
+    acc = V::fmadd(V::cvt(isum), dd, acc);
     if (Format::FLOAT_MIN) {
-        acc = _mm256_fmadd_ps(m, _mm256_set1_ps(c.s), acc);
+        acc = V::fmadd(m, V::set1f(c.s), acc);
     }
     return acc;
 }
 
 // One column's step for the 32-weight formats: exact integer sums, then block_fma.
-template <class Format>
-DFLASH_INLINE __m256 column_step_32(const PackedBlock & w, const int8_t * p, const ColumnScale * c, __m256 acc) {
-    __m256i isum = dot_groups<Format::MAX_Q, 8>(w.q, p);
+template <class Format, class V>
+DFLASH_INLINE typename V::F column_step_32(const PackedBlockT<V> & w, const int8_t * p, const ColumnScale * c,
+                                           typename V::F acc) {
+    typename V::I isum = dot_groups<Format::MAX_Q, 8, V>(w.q, p);
     if (!Format::FLOAT_MIN) {
-        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(c->bias));
+        isum = V::sub(isum, V::set1(c->bias));
     }
-    return block_fma<Format>(isum, w.d, w.m, *c, acc);
+    return block_fma<Format, V>(isum, w.d, w.m, *c, acc);
 }
 
-// Whether Format steps all RN columns of a block at once (Format::columns<RN>): formats whose unpacked block
-// outgrows the registers walk it once, each part against every column, instead of once per column.
+// Whether Format steps all RN columns of a block at once (Format::columns<RN, V>, flagged COLUMNS_TOGETHER):
+// formats whose unpacked block outgrows the registers walk it once, each part against every column, instead of
+// once per column (Format::column<V>).
 template <class Format, class = void>
 struct steps_columns_together : std::false_type {};
 template <class Format>
-struct steps_columns_together<Format, std::void_t<decltype(&Format::template columns<1>)>> : std::true_type {};
+struct steps_columns_together<Format, std::void_t<decltype(Format::COLUMNS_TOGETHER)>>
+    : std::bool_constant<Format::COLUMNS_TOGETHER> {};
 
-// acc[j] += one weight block (8 rows, unpacked) times block b of activation columns j0 + j, j < RN
-template <class Format, int RN>
-DFLASH_INLINE void accumulate_block(const typename Format::Packed & w, const Activations<Format> & a, int64_t b,
-                                    int64_t j0, __m256 * acc) {
+// acc[j] += one weight block (the tile's rows, unpacked) times block b of activation columns j0 + j, j < RN
+template <class Format, int RN, class V>
+DFLASH_INLINE void accumulate_block(const typename Format::template PackedT<V> & w, const Activations<Format> & a,
+                                    int64_t b, int64_t j0, typename V::F * acc) {
     if constexpr (steps_columns_together<Format>::value) {
-        Format::template columns<RN>(w, a, b, j0, acc);
+        Format::template columns<RN, V>(w, a, b, j0, acc);
     } else {
         for (int j = 0; j < RN; ++j) {
-            acc[j] = Format::column(w, a.quants(b, j0 + j), a.scales(b, j0 + j), acc[j]);
+            acc[j] = Format::template column<V>(w, a.quants(b, j0 + j), a.scales(b, j0 + j), acc[j]);
         }
+    }
+}
+
+// Block b of a tile unpacked into lanes: straight into V's lanes (formats that unpack every width), or
+// Format::unpack for 8 rows and both halves of a 16-row tile widened
+template <class Format, class V>
+DFLASH_INLINE void unpack_lanes(const Tile & t, int64_t b, typename Format::template PackedT<V> & out) {
+    if constexpr (Format::UNPACKS_EVERY_WIDTH) {
+        Format::template unpack<V>(t, b, out);
+    } else if constexpr (V::ROWS == TILE_ROWS) {
+        Format::unpack(t, b, out);
+    } else {
+        typename Format::Packed lo, hi;
+        Format::unpack(t, b, lo);
+        Format::unpack(t.second_half(), b, hi);
+        widen(lo, hi, out);
     }
 }
 
@@ -406,18 +593,18 @@ DFLASH_NOINLINE void tile_row_major(const Tile & t, int64_t n_blocks, const Acti
 }
 
 // Columns j0..j0+RN of one tile, straight from the weight rows: acc[j] lane r = row r . column j0+j.
-template <class Format, int RN>
+template <class Format, int RN, class V>
 DFLASH_NOINLINE void tile_direct(const Tile & t, int64_t n_blocks, const Activations<Format> & a, int64_t j0,
-                                 __m256 * acc) {
-    __m256 sum[RN];
+                                 typename V::F * acc) {
+    typename V::F sum[RN];
     for (int j = 0; j < RN; ++j) {
-        sum[j] = _mm256_setzero_ps();
+        sum[j] = V::zerof();
     }
     for (int64_t b = 0; b < n_blocks; ++b) {
         t.prefetch_next(b);
-        typename Format::Packed w;
-        Format::unpack(t, b, w);
-        accumulate_block<Format, RN>(w, a, b, j0, sum);
+        typename Format::template PackedT<V> w;
+        unpack_lanes<Format, V>(t, b, w);
+        accumulate_block<Format, RN, V>(w, a, b, j0, sum);
     }
     for (int j = 0; j < RN; ++j) {
         acc[j] = sum[j];
@@ -427,57 +614,61 @@ DFLASH_NOINLINE void tile_direct(const Tile & t, int64_t n_blocks, const Activat
 // The same from a tile unpacked beforehand (batches wider than one pass unpack each tile once); the
 // first pass prefetches the next tile (from the unpacking loop the prefetches came in one burst: B=1
 // forced through this path took 17.6 ms instead of 9.7 for the Q8_0 SmolLM2 layers).
-template <class Format, int RN>
-DFLASH_NOINLINE void tile_packed(const typename Format::Packed * w, const Tile * prefetch, int64_t n_blocks,
-                                 const Activations<Format> & a, int64_t j0, __m256 * acc) {
-    __m256 sum[RN];
+template <class Format, int RN, class V>
+DFLASH_NOINLINE void tile_packed(const typename Format::template PackedT<V> * w, const Tile * prefetch,
+                                 int64_t n_blocks, const Activations<Format> & a, int64_t j0, typename V::F * acc) {
+    typename V::F sum[RN];
     for (int j = 0; j < RN; ++j) {
-        sum[j] = _mm256_setzero_ps();
+        sum[j] = V::zerof();
     }
     for (int64_t b = 0; b < n_blocks; ++b) {
         if (prefetch != nullptr) {
             prefetch->prefetch_next(b);
         }
-        accumulate_block<Format, RN>(w[b], a, b, j0, sum);
+        accumulate_block<Format, RN, V>(w[b], a, b, j0, sum);
     }
     for (int j = 0; j < RN; ++j) {
         acc[j] = sum[j];
     }
 }
 
-// rn columns from j0 of one tile: row-wise (rowwise, rn <= ROW_RN), straight from the weight rows
-// (packed == nullptr, rn <= DIRECT_MAX) or from its unpacking (rn <= PACKED_RN)
+// rn columns from j0 of one tile of 8 rows, row-wise (rn <= ROW_RN)
 template <class Format>
-void tile_columns(int rn, bool rowwise, const Tile & t, const typename Format::Packed * packed, int64_t n_blocks,
-                  const Activations<Format> & a, int64_t j0, __m256 * acc) {
+void tile_rowwise_columns(int rn, const Tile & t, int64_t n_blocks, const Activations<Format> & a, int64_t j0,
+                          __m256 * acc) {
     if constexpr (Format::ROWWISE_MAX > 0) {
-        if (rowwise) {
-            GGML_ASSERT(rn <= ROW_RN);
-            if constexpr (Format::ROW_MAJOR) {
-                switch (rn) {
-                    case 1: tile_row_major<Format, 1>(t, n_blocks, a, j0, acc); return;
-                    case 2: tile_row_major<Format, 2>(t, n_blocks, a, j0, acc); return;
-                    case 3: tile_row_major<Format, 3>(t, n_blocks, a, j0, acc); return;
-                    case 4: tile_row_major<Format, 4>(t, n_blocks, a, j0, acc); return;
-                    default: break;
-                }
-            } else {
-                switch (rn) {
-                    case 1: tile_rows<Format, 1>(t, n_blocks, a, j0, acc); return;
-                    case 2: tile_rows<Format, 2>(t, n_blocks, a, j0, acc); return;
-                    case 3: tile_rows<Format, 3>(t, n_blocks, a, j0, acc); return;
-                    case 4: tile_rows<Format, 4>(t, n_blocks, a, j0, acc); return;
-                    default: break;
-                }
+        GGML_ASSERT(rn <= ROW_RN);
+        if constexpr (Format::ROW_MAJOR) {
+            switch (rn) {
+                case 1: tile_row_major<Format, 1>(t, n_blocks, a, j0, acc); return;
+                case 2: tile_row_major<Format, 2>(t, n_blocks, a, j0, acc); return;
+                case 3: tile_row_major<Format, 3>(t, n_blocks, a, j0, acc); return;
+                case 4: tile_row_major<Format, 4>(t, n_blocks, a, j0, acc); return;
+                default: break;
             }
-            GGML_ABORT("dflash cpu gemm: %d row-wise columns per pass", rn);
+        } else {
+            switch (rn) {
+                case 1: tile_rows<Format, 1>(t, n_blocks, a, j0, acc); return;
+                case 2: tile_rows<Format, 2>(t, n_blocks, a, j0, acc); return;
+                case 3: tile_rows<Format, 3>(t, n_blocks, a, j0, acc); return;
+                case 4: tile_rows<Format, 4>(t, n_blocks, a, j0, acc); return;
+                default: break;
+            }
         }
     }
+    GGML_ABORT("dflash cpu gemm: %d row-wise columns per pass", rn);
+}
+
+// rn columns from j0 of one tile (V::ROWS rows) in lanes: straight from the weight rows (packed == nullptr,
+// rn <= DIRECT_MAX) or from its unpacking (rn <= PACKED_RN)
+template <class Format, class V>
+void tile_lane_columns(int rn, const Tile & t, const typename Format::template PackedT<V> * packed,
+                       int64_t n_blocks, const Activations<Format> & a, int64_t j0, typename V::F * acc) {
     if constexpr (Format::TILED) {
 #define DFLASH_CPU_GEMM_CASE(RN) \
-        case RN: packed ? tile_packed<Format, (RN <= PACKED_RN ? RN : 1)>(packed, j0 == 0 ? &t : nullptr, \
-                                                                          n_blocks, a, j0, acc) \
-                        : tile_direct<Format, (RN <= DIRECT_MAX ? RN : 1)>(t, n_blocks, a, j0, acc); break;
+        case RN: packed ? tile_packed<Format, (RN <= PACKED_RN ? RN : 1), V>(packed, j0 == 0 ? &t : nullptr, \
+                                                                             n_blocks, a, j0, acc) \
+                        : tile_direct<Format, (RN <= DIRECT_MAX ? RN : 1), V>(t, n_blocks, a, j0, acc); break;
         GGML_ASSERT(rn <= (packed ? PACKED_RN : DIRECT_MAX));
         switch (rn) {
             DFLASH_CPU_GEMM_CASE(1)
@@ -512,8 +703,42 @@ struct Scratch {
     std::vector<int8_t> q;                             // activations, block-major
     std::vector<typename Format::Scale> scale;         // their scales, block-major
     std::vector<typename Format::Packed> packed;       // one tile unpacked (wide batches)
+#if DFLASH_CPU_GEMM_V16   // (formats with TILED only: the others never instantiate it)
+    std::vector<typename Format::template PackedT<V16>> packed16;   // the same, two tiles side by side
+#endif
     std::vector<char> tail;                            // the last, partial tile padded to 8 rows
 };
+
+// All columns of one tile of V::ROWS rows (row r0 at tile.base) in lanes, written to C (its first `valid` rows)
+template <class Format, class V>
+void tile_in_lanes(const Tile & tile, int valid, int64_t n_blocks, int64_t n_cols, const Activations<Format> & a,
+                   std::vector<typename Format::template PackedT<V>> & packed_scratch, float * C, int64_t ldc,
+                   int64_t r0) {
+    // one pass reads the weights directly; wider batches unpack each tile once and make several passes
+    typename Format::template PackedT<V> * packed =
+        n_cols > DIRECT_MAX ? grow(packed_scratch, (size_t) n_blocks) : nullptr;
+    if (packed) {
+        for (int64_t b = 0; b < n_blocks; ++b) {
+            unpack_lanes<Format, V>(tile, b, packed[b]);
+        }
+    }
+    const int pass = packed ? PACKED_RN : DIRECT_MAX;
+    for (int64_t j0 = 0; j0 < n_cols; j0 += pass) {
+        const int rn = (int) (n_cols - j0 < pass ? n_cols - j0 : pass);
+        typename V::F acc[MAX_RN] = {};
+        tile_lane_columns<Format, V>(rn, tile, packed, n_blocks, a, j0, acc);
+        for (int j = 0; j < rn; ++j) {
+            float * out = C + (j0 + j) * ldc + r0;
+            if (valid == V::ROWS) {
+                V::store(out, acc[j]);
+            } else {
+                alignas(64) float lanes[V::ROWS];
+                V::store(lanes, acc[j]);
+                memcpy(out, lanes, valid * sizeof(float));
+            }
+        }
+    }
+}
 
 // The whole product for one format; Format::column_scale gives each activation block's Format::Scale.
 template <class Format>
@@ -540,17 +765,25 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
         }
     }
     const Activations<Format> act{q, scale, n_cols};
-    // row-wise where the format asks for it; otherwise one pass reads the weights directly, and wider
-    // batches unpack each tile once and make several passes
     const bool rowwise = n_cols <= Format::ROWWISE_MAX;
-    typename Format::Packed * packed =
-        !rowwise && n_cols > DIRECT_MAX ? grow(scratch.packed, (size_t) n_blocks) : nullptr;
-    const int pass = rowwise ? ROW_RN : packed ? PACKED_RN : DIRECT_MAX;
     const size_t row_data = n_blocks * sizeof(typename Format::Block);
 
-    for (int64_t t = tile0; t < tile1; ++t) {
+    for (int64_t t = tile0; t < tile1;) {
         const int64_t r0 = t * TILE_ROWS;
         const int valid = (int) (n_rows - r0 < TILE_ROWS ? n_rows - r0 : TILE_ROWS);
+#if DFLASH_CPU_GEMM_V16
+        // two whole tiles of this thread's share side by side (the next pair is fetched ahead)
+        if constexpr (Format::TILED && Format::PAIR_TILES) {
+            if (!rowwise && t + 1 < tile1 && r0 + 2 * TILE_ROWS <= n_rows) {
+                const Tile pair{(const char *) A + r0 * a_row_bytes, a_row_bytes,
+                                t + 2 < tile1 ? (const char *) A + (r0 + 2 * TILE_ROWS) * a_row_bytes : nullptr,
+                                2 * TILE_ROWS * a_row_bytes / n_blocks};
+                tile_in_lanes<Format, V16>(pair, V16::ROWS, n_blocks, n_cols, act, scratch.packed16, C, ldc, r0);
+                t += 2;
+                continue;
+            }
+        }
+#endif
         Tile tile{(const char *) A + r0 * a_row_bytes, a_row_bytes,
                   t + 1 < tile1 ? (const char *) A + (r0 + TILE_ROWS) * a_row_bytes : nullptr,
                   TILE_ROWS * a_row_bytes / n_blocks};
@@ -562,28 +795,23 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
             tile.base = pad;
             tile.stride = row_data;
         }
-        if constexpr (Format::TILED) {
-            if (packed) {
-                for (int64_t b = 0; b < n_blocks; ++b) {
-                    Format::unpack(tile, b, packed[b]);
-                }
-            }
-        }
-        for (int64_t j0 = 0; j0 < n_cols; j0 += pass) {
-            const int rn = (int) (n_cols - j0 < pass ? n_cols - j0 : pass);
-            __m256 acc[MAX_RN];
-            tile_columns<Format>(rn, rowwise, tile, packed, n_blocks, act, j0, acc);
-            for (int j = 0; j < rn; ++j) {
-                float * out = C + (j0 + j) * ldc + r0;
-                if (valid == TILE_ROWS) {
-                    _mm256_storeu_ps(out, acc[j]);
-                } else {
+        if (rowwise) {
+            for (int64_t j0 = 0; j0 < n_cols; j0 += ROW_RN) {
+                const int rn = (int) (n_cols - j0 < ROW_RN ? n_cols - j0 : ROW_RN);
+                __m256 acc[ROW_RN];
+                tile_rowwise_columns<Format>(rn, tile, n_blocks, act, j0, acc);
+                for (int j = 0; j < rn; ++j) {
                     alignas(32) float lanes[TILE_ROWS];
                     _mm256_store_ps(lanes, acc[j]);
-                    memcpy(out, lanes, valid * sizeof(float));
+                    memcpy(C + (j0 + j) * ldc + r0, lanes, valid * sizeof(float));
                 }
             }
+        } else if constexpr (Format::TILED) {
+            tile_in_lanes<Format, V8>(tile, valid, n_blocks, n_cols, act, scratch.packed, C, ldc, r0);
+        } else {
+            GGML_ABORT("dflash cpu gemm: no tiled kernel for this format");
         }
+        ++t;
     }
 }
 
