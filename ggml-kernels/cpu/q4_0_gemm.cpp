@@ -22,17 +22,8 @@ DFLASH_INLINE __m256i nibbles_in_order(const uint8_t * qs) {
 }
 
 template <class Self, typename WeightBlock, int QMAX, int OFFSET>
-struct Offset32 {
+struct Offset32 : Format32<Self, WeightBlock, block_q8_0, QMAX, false> {
     using Block = WeightBlock;
-    using ActBlock = block_q8_0;
-    using Scale = ColumnScale;
-    using Packed = PackedBlock;
-    template <class V> using PackedT = PackedBlockT<V>;
-    static constexpr bool PAIR_TILES = true;
-    static constexpr bool UNPACKS_EVERY_WIDTH = false;   // 8 rows; 16 widened from two
-    static constexpr bool ROW_MAJOR = false;
-    static constexpr int MAX_Q = QMAX;
-    static constexpr bool FLOAT_MIN = false;
     static constexpr bool TILED = true;
     static constexpr int64_t ROWWISE_MAX = 1;   // one column row-wise: no transpose to pay back (see Q8_0)
 
@@ -56,12 +47,6 @@ struct Offset32 {
 #endif
         }
         return _mm256_sub_epi32(sum_lanes(v), _mm256_set1_epi32(c.bias));
-    }
-
-    template <class V>
-    static DFLASH_INLINE typename V::F column(const PackedBlockT<V> & w, const int8_t * p, const ColumnScale * c,
-                                              typename V::F acc) {
-        return column_step_32<Self, V>(w, p, c, acc);
     }
 };
 

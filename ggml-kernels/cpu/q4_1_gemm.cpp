@@ -12,29 +12,13 @@ namespace DFLASH_CPU_VARIANT {
 
 namespace {
 
-struct Q4_1 {
-    using Block = block_q4_1;
-    using ActBlock = block_q8_1;
-    using Scale = ColumnScale;
-    using Packed = PackedBlock;
-    template <class V> using PackedT = PackedBlockT<V>;
-    static constexpr bool PAIR_TILES = true;
-    static constexpr bool UNPACKS_EVERY_WIDTH = false;   // 8 rows; 16 widened from two
-    static constexpr bool ROW_MAJOR = false;
-    static constexpr int MAX_Q = 15;
-    static constexpr bool FLOAT_MIN = true;
+struct Q4_1 : Format32<Q4_1, block_q4_1, block_q8_1, 15, true> {
     static constexpr bool TILED = true;           // every batch width through the transposed tile
     static constexpr int64_t ROWWISE_MAX = 0;
 
     static ColumnScale column_scale(const block_q8_1 & y) {
         const uint32_t ds = load_u32(&y);   // d, then s: the two fp16 that open a block
         return ColumnScale{_cvtsh_ss((unsigned short) (ds & 0xFFFF)), _cvtsh_ss((unsigned short) (ds >> 16)), 0};
-    }
-
-    template <class V>
-    static DFLASH_INLINE typename V::F column(const PackedBlockT<V> & w, const int8_t * p, const ColumnScale * c,
-                                              typename V::F acc) {
-        return column_step_32<Q4_1, V>(w, p, c, acc);
     }
 
     // Block b of a tile, transposed into lanes (see PackedBlock).

@@ -20,17 +20,7 @@ namespace DFLASH_CPU_VARIANT {
 
 namespace {
 
-struct Q8_0 {
-    using Block = block_q8_0;
-    using ActBlock = block_q8_0;
-    using Scale = ColumnScale;
-    using Packed = PackedBlock;
-    template <class V> using PackedT = PackedBlockT<V>;
-    static constexpr bool PAIR_TILES = true;
-    static constexpr bool UNPACKS_EVERY_WIDTH = false;   // 8 rows; 16 widened from two
-    static constexpr bool ROW_MAJOR = false;
-    static constexpr int MAX_Q = 255;
-    static constexpr bool FLOAT_MIN = false;
+struct Q8_0 : Format32<Q8_0, block_q8_0, block_q8_0, 255, false> {
 #if DFLASH_CPU_GEMM_VNNI
     static constexpr bool TILED = true;
     static constexpr int64_t ROWWISE_MAX = 1;
@@ -71,12 +61,6 @@ struct Q8_0 {
     }
 
 #if DFLASH_CPU_GEMM_VNNI
-    template <class V>
-    static DFLASH_INLINE typename V::F column(const PackedBlockT<V> & w, const int8_t * p, const ColumnScale * c,
-                                              typename V::F acc) {
-        return column_step_32<Q8_0, V>(w, p, c, acc);
-    }
-
     // Block b of a tile, transposed into lanes (see PackedBlock): an 8x8 transpose of 32-bit groups.
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
         const block_q8_0 * r[TILE_ROWS];

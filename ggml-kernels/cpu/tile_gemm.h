@@ -485,6 +485,29 @@ template <class Format>
 struct steps_columns_together<Format, std::void_t<decltype(Format::COLUMNS_TOGETHER)>>
     : std::bool_constant<Format::COLUMNS_TOGETHER> {};
 
+// What the 32-weight formats share (Q4_0, Q4_1, Q5_0, Q8_0): one scale (and min) per block of 32, activation
+// blocks with a ColumnScale, tiles of 8 rows unpacked by Format::unpack (16: two of them widened), and the column
+// step (column_step_32)
+template <class Self, typename WeightBlock, typename ActivationBlock, int QMAX, bool MIN_TERM>
+struct Format32 {
+    using Block = WeightBlock;
+    using ActBlock = ActivationBlock;
+    using Scale = ColumnScale;
+    using Packed = PackedBlock;
+    template <class V> using PackedT = PackedBlockT<V>;
+    static constexpr bool PAIR_TILES = true;
+    static constexpr bool UNPACKS_EVERY_WIDTH = false;
+    static constexpr bool ROW_MAJOR = false;
+    static constexpr int MAX_Q = QMAX;
+    static constexpr bool FLOAT_MIN = MIN_TERM;
+
+    template <class V>
+    static DFLASH_INLINE typename V::F column(const PackedBlockT<V> & w, const int8_t * p, const ColumnScale * c,
+                                              typename V::F acc) {
+        return column_step_32<Self, V>(w, p, c, acc);
+    }
+};
+
 // acc[j] += one weight block (the tile's rows, unpacked) times block b of activation columns j0 + j, j < RN
 template <class Format, int RN, class V>
 DFLASH_INLINE void accumulate_block(const typename Format::template PackedT<V> & w, const Activations<Format> & a,
