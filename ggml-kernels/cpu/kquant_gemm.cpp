@@ -14,6 +14,8 @@
 
 #include "tile_gemm.h"
 
+#include <cmath>
+
 namespace dflash_cpu {
 namespace DFLASH_CPU_VARIANT {
 
@@ -49,7 +51,16 @@ struct KRowScalesT {
     typename V::F d;
     typename V::F neg_dmin;
 };
-using KRowScales = KRowScalesT<V8>;
+
+// finish_k for one row (one lane of it): the same operations, so the same bits
+template <bool MIN>
+DFLASH_INLINE float finish_k_row(int32_t isum, int32_t msum, ggml_half d, ggml_half dmin, const KScale & c, float acc) {
+    acc = std::fma((float) isum, _cvtsh_ss(d) * c.d, acc);
+    if (MIN) {
+        acc = std::fma((float) msum, (0.0f - _cvtsh_ss(dmin)) * c.d, acc);
+    }
+    return acc;
+}
 
 template <bool MIN, class V>
 DFLASH_INLINE typename V::F finish_k(typename V::I isum, typename V::I msum, const KRowScalesT<V> & rs, const KScale & c,
@@ -143,11 +154,6 @@ DFLASH_INLINE __m128i scales_mins(const uint8_t * s) {
     return _mm_loadu_si128((const __m128i *) u);
 }
 
-template <typename Row>
-DFLASH_INLINE KRowScales k_row_scales(const Row * (&r)[TILE_ROWS]) {
-    return KRowScales{load_lanes_f16(r, 0), _mm256_sub_ps(_mm256_setzero_ps(), load_lanes_f16(r, sizeof(ggml_half)))};
-}
-
 // The same, lanes = rows, for the transposed tile
 template <class V, typename Row>
 DFLASH_INLINE void unpack_scales_mins(const TileRows<V, Row> & r, K4PackedT<V> & out) {
@@ -202,7 +208,6 @@ struct KTraits {
     using Scale = KScale;
     using Packed = PackedBlocks<V8>;
     template <class V> using PackedT = PackedBlocks<V>;
-    using RowScales = KRowScales;
     static constexpr bool TILED = true;
     static constexpr bool ROW_MAJOR = true;
     static constexpr int64_t ROWWISE_MAX = ROWS;
@@ -219,7 +224,11 @@ struct KTraits {
 template <class Self, typename WeightBlock, int QMAX>
 struct K4Format : KTraits<WeightBlock, K4PackedT, 3> {
     using Block = WeightBlock;
-    static DFLASH_INLINE KRowScales row_scales(const Block * (&r)[TILE_ROWS]) { return k_row_scales(r); }
+    static DFLASH_INLINE float finish_row(const Block & x, int32_t isum, int32_t msum, const KScale & c, float acc) {
+        ggml_half d[2];   // d, dmin: the two fp16 that open the block
+        memcpy(d, &x, sizeof d);
+        return finish_k_row<true>(isum, msum, d[0], d[1], c, acc);
+    }
     template <class V = V8>
     static DFLASH_INLINE typename V::F finish(typename V::I isum, typename V::I msum, const KRowScalesT<V> & rs,
                                               const KScale & c, typename V::F acc) {
@@ -352,8 +361,8 @@ DFLASH_INLINE typename V::I q6_group(typename V::I l, typename V::I h, int t) {
 
 // measured: up to 4 columns of Q6_K, whose transposed unpack (6-bit quants from two places) costs more
 struct Q6_K : KTraits<block_q6_K, K6PackedT, 4> {
-    static DFLASH_INLINE KRowScales row_scales(const block_q6_K * (&r)[TILE_ROWS]) {
-        return KRowScales{load_lanes_f16(r, offsetof(block_q6_K, d)), _mm256_setzero_ps()};
+    static DFLASH_INLINE float finish_row(const block_q6_K & x, int32_t isum, int32_t, const KScale & c, float acc) {
+        return finish_k_row<false>(isum, 0, x.d, x.d, c, acc);
     }
     template <class V = V8>
     static DFLASH_INLINE typename V::F finish(typename V::I isum, typename V::I msum, const KRowScalesT<V> & rs,
@@ -434,6 +443,9 @@ struct Q6_K : KTraits<block_q6_K, K6PackedT, 4> {
             acc[j] = _mm256_setzero_si256();
         }
         const __m128i scales8 = _mm_loadu_si128((const __m128i *) x.scales);
+        // the 16 scales as int32 (halves 0..7, 8..15) and as int16 in both halves of a lane (AVX2's madd)
+        const __m256i sc32_of[2] = {_mm256_cvtepi8_epi32(scales8), _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(scales8, scales8))};
+        const __m256i sc32x2_of[2] = {pair16<V8>(sc32_of[0], sc32_of[0]), pair16<V8>(sc32_of[1], sc32_of[1])};
         for (int n = 0; n < 2; ++n) {
             const __m256i h = _mm256_loadu_si256((const __m256i *) (x.qh + 32 * n));
             for (int half = 0; half < 2; ++half) {
@@ -442,13 +454,11 @@ struct Q6_K : KTraits<block_q6_K, K6PackedT, 4> {
                     const int tq = 2 * nib + half;
                     const int g = 4 * n + tq;
                     const __m256i q = q6_group(l, h, tq);
-                    // [sc_2g x 4, sc_2g+1 x 4] as int32; [sc_2g x 8, sc_2g+1 x 8] as int16
-                    const __m128i pick = _mm_setr_epi8(2 * g, 2 * g, 2 * g, 2 * g, 2 * g + 1, 2 * g + 1, 2 * g + 1,
-                                                       2 * g + 1, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g + 1, 2 * g + 1,
-                                                       2 * g + 1, 2 * g + 1);
-                    const __m128i two = _mm_shuffle_epi8(scales8, pick);
-                    const __m256i sc32 = _mm256_cvtepi8_epi32(two);
-                    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_unpacklo_epi32(two, two));
+                    // [sc_2g x 4, sc_2g+1 x 4]: scales 2g, 2g + 1 are lanes 2g % 8, 2g % 8 + 1 of sc32_of[g / 4]
+                    const int s0 = (2 * g) % 8;
+                    const __m256i pick = _mm256_setr_epi32(s0, s0, s0, s0, s0 + 1, s0 + 1, s0 + 1, s0 + 1);
+                    const __m256i sc32 = _mm256_permutevar8x32_epi32(sc32_of[g / 4], pick);
+                    const __m256i sc16 = _mm256_permutevar8x32_epi32(sc32x2_of[g / 4], pick);
                     for (int j = 0; j < RN; ++j) {
                         acc[j] = _mm256_add_epi32(acc[j], scaled_dot32(q, p[j] + 32 * g, sc32, sc16));
                     }
@@ -456,9 +466,9 @@ struct Q6_K : KTraits<block_q6_K, K6PackedT, 4> {
             }
         }
         const __m256i sc16 = _mm256_cvtepi8_epi16(scales8);
-        for (int j = 0; j < RN; ++j) {   // minus sum_h sc_h * 32 * sum(p) over half h
+        for (int j = 0; j < RN; ++j) {   // minus sum_h sc_h * 32 * sum(p) over half h, then one horizontal sum
             const __m256i bias = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *) c[j]->bsums));
-            isum[j] = hsum_i32(acc[j]) - 32 * hsum_i32(bias);
+            isum[j] = hsum_i32(_mm256_sub_epi32(acc[j], _mm256_slli_epi32(bias, 5)));
             msum[j] = 0;
         }
     }

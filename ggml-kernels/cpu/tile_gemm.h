@@ -565,15 +565,16 @@ DFLASH_NOINLINE void tile_rows(const Tile & t, int64_t n_blocks, const Activatio
 
 // Columns j0..j0+RN of one tile, one weight row after the other (formats with ROW_MAJOR, widths up to
 // ROWWISE_MAX): the rows of a tile are one stretch of memory, read in order, with no transpose. Per row and
-// block, Format::row_sums gives the exact integers (isum, msum) the transposed path sums in lanes; the float
-// steps (Format::finish) then run on the 8 rows' integers as lanes, the same as in Format::column.
+// block, Format::row_sums gives the exact integers (isum, msum) the transposed path sums in lanes, and
+// Format::finish_row takes the float steps of Format::finish for that one row: the same IEEE operations on the
+// same values as one lane of the transposed path, so the same bits.
 template <class Format, int RN>
 DFLASH_NOINLINE void tile_row_major(const Tile & t, int64_t n_blocks, const Activations<Format> & a, int64_t j0,
                                     __m256 * acc) {
-    static thread_local std::vector<int32_t> scratch;
-    int32_t * sums = grow(scratch, (size_t) (n_blocks * RN * 2 * TILE_ROWS));   // [block][column][isum, msum][row]
+    alignas(32) float out[RN][TILE_ROWS];
     for (int r = 0; r < TILE_ROWS; ++r) {
         const auto * row = (const typename Format::Block *) (t.base + r * t.stride);
+        float sum[RN] = {};
         for (int64_t b = 0; b < n_blocks; ++b) {
             // the rows are one stream in memory order: fetch a few blocks ahead (past the tile's end: the next
             // tile's rows, or nothing that faults)
@@ -590,28 +591,15 @@ DFLASH_NOINLINE void tile_row_major(const Tile & t, int64_t n_blocks, const Acti
             int32_t isum[RN], msum[RN];
             Format::template row_sums<RN>(row[b], p, c, isum, msum);
             for (int j = 0; j < RN; ++j) {
-                sums[((b * RN + j) * 2 + 0) * TILE_ROWS + r] = isum[j];
-                sums[((b * RN + j) * 2 + 1) * TILE_ROWS + r] = msum[j];
+                sum[j] = Format::finish_row(row[b], isum[j], msum[j], *c[j], sum[j]);
             }
         }
-    }
-    __m256 sum[RN];
-    for (int j = 0; j < RN; ++j) {
-        sum[j] = _mm256_setzero_ps();
-    }
-    for (int64_t b = 0; b < n_blocks; ++b) {
-        const typename Format::Block * r[TILE_ROWS];
-        t.rows(b, r);
-        const typename Format::RowScales rs = Format::row_scales(r);
         for (int j = 0; j < RN; ++j) {
-            const int32_t * s = sums + (b * RN + j) * 2 * TILE_ROWS;
-            sum[j] = Format::finish(_mm256_loadu_si256((const __m256i *) s),
-                                    _mm256_loadu_si256((const __m256i *) (s + TILE_ROWS)), rs, *a.scales(b, j0 + j),
-                                    sum[j]);
+            out[j][r] = sum[j];
         }
     }
     for (int j = 0; j < RN; ++j) {
-        acc[j] = sum[j];
+        acc[j] = _mm256_load_ps(out[j]);
     }
 }
 
