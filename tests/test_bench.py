@@ -248,3 +248,19 @@ cat >&2 <<'EOF'
     silent = _fake_tool(tmp_path / "silent", "exit 0\n")
     with pytest.raises(upstream.BaselineMissing, match="printed no timings"):
         upstream.run(silent, "ngram", tmp_path / "m.gguf", "t1", 8, **settings)
+
+
+def test_cost_curve_report_averages_the_sizes_both_curves_measured():
+    """A calibration on a slow spell measures fewer sizes (1, 2, the largest; drafts of 1 and draft_max), so the
+    curves before and after a bench can differ in their keys: the report averages what both have (it raised
+    KeyError: 3 on the GPU window's CPU dry run)."""
+    from dflash_gguf.bench.measure import cost_curve_report
+    from dflash_gguf.engine.policy import CostCurve
+    full = CostCurve({1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6, 8: 2.4}, 0.5, short_blocks=True,
+                     t_draft_n={1: 0.2, 2: 0.25, 3: 0.3, 7: 0.5})
+    slow = CostCurve({1: 3.0, 2: 3.6, 8: 7.2}, 1.5, short_blocks=True, t_draft_n={1: 0.6, 7: 1.5})
+    for start, end in ((full, slow), (slow, full)):
+        report = cost_curve_report(True, start, end)
+        assert report["t_s"] == {1: 2.0, 2: 2.4, 8: 4.8}
+        assert report["t_draft_n_s"] == {1: 0.4, 7: 1.0}
+        assert report["ratios"][8] == pytest.approx(2.4)

@@ -73,10 +73,11 @@ def run(settings, options: BenchOptions, template_choice=None, *, cost_curve_onl
 
 def cost_curve_report(short_blocks: bool, start, end=None) -> dict:
     """The verify cost t(B), its ratios to t(1) and the draft cost (per draft length where the drafter runs
-    short blocks); with `end`, the mean of two measurements."""
+    short blocks); with `end`, the mean of two measurements, over the sizes both measured (a calibration that
+    would overrun its budget on a slow spell measures fewer: Engine.measure_cost_curve)."""
     end = end or start
-    cost_t = {b: (start.t[b] + end.t[b]) / 2 for b in start.t}
-    per_n = ({n: (start.t_draft_n[n] + end.t_draft_n[n]) / 2 for n in start.t_draft_n}
+    cost_t = {b: (start.t[b] + end.t[b]) / 2 for b in start.t if b in end.t}
+    per_n = ({n: (start.t_draft_n[n] + end.t_draft_n[n]) / 2 for n in start.t_draft_n if n in end.t_draft_n}
              if short_blocks and start.t_draft_n and end.t_draft_n else None)
     return {"t_s": cost_t, "t_draft_s": (start.t_draft + end.t_draft) / 2, "t_draft_n_s": per_n,
             "ratios": {b: t / cost_t[1] for b, t in cost_t.items()}, "start": start.to_json(), "end": end.to_json()}
