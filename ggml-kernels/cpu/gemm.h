@@ -4,8 +4,9 @@
 // summation order that does not depend on how many columns the product has, and the dispatch sends
 // every width of a covered type (one column too) to the same kernel family. So the logits of a row of
 // a verify batch equal, bit for bit, those of the same token decoded alone (tests/test_cpu_kernels.py,
-// tests/test_exactness.py). Covered: Q4_1, Q8_0 (quantized activations, tile_gemm.h), F16, F32
-// (float_gemm.cpp). Other types take ggml's width-independent paths (dflash_cpu_batch_invariant).
+// tests/test_exactness.py). Covered: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K (quantized activations,
+// tile_gemm.h), F16, F32 (float_gemm.cpp). Other types take ggml's width-independent paths
+// (dflash_cpu_batch_invariant).
 //
 // Speed: ggml-cpu multiplies Q4_1 weights by a separate vec_dot per (row, column) pair, decoding each
 // weight block again for every column, and its tinyBLAS path for Q8_0 costs 3-4x a single row already
@@ -30,7 +31,8 @@ bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols);
 
 // C[j*ldc + i] = dot(row i of A, row j of B) for i < n_rows, j < n_cols. A: n_rows rows of n_blocks
 // blocks of `type` (row stride a_row_bytes); B: n_cols rows of n_blocks blocks of that type's
-// vec_dot_type (Q8_1 for Q4_1, Q8_0 for Q8_0; row stride b_row_bytes); C: float, column stride ldc
+// vec_dot_type (Q8_1 for Q4_1, Q8_K for the K-quants, Q8_0 for the others; row stride b_row_bytes); C: float,
+// column stride ldc
 // floats. Thread ith of nth computes its share of the rows; together they cover all of them.
 // Returns false (and writes nothing) when no kernel for `type` runs on this CPU.
 bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t n_blocks,

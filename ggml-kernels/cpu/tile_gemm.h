@@ -10,11 +10,12 @@
 //   sum(w * a) = d * d_a * sum(q * p) + m * d_a * sum(p)
 // with sum(q * p) exact in integers. A format's block (ggml's) holds one such group of 32, or 8 (the
 // K-quants' 256), and its activation block one Format::Scale. The format supplies the unpacking of a
-// block of 8 rows into lanes (Format::Packed, TILED formats) or the integer sums of untransposed rows
-// (dot_rows / row_sums, up to ROWWISE_MAX columns), and the float steps of one column (Format::column,
-// Format::finish); this file has the rest:
-// threads, tiles, passes over columns, the exact integer dot steps and the float step of the 32-weight
-// formats (block_fma).
+// block of a tile's rows into vector lanes (Format::PackedT<V>: 8 rows in a __m256, V8; with AVX-512 16 in a
+// __m512, V16, for formats with PAIR_TILES), or the integer sums of untransposed rows (dot_rows / row_sums, up
+// to ROWWISE_MAX columns), and the float steps of a column (Format::column / columns, Format::finish /
+// finish_row); this file has the rest: threads, tiles, passes over columns, the exact integer dot steps and the
+// float step of the 32-weight formats (block_fma). Every path takes the same integer sums and the same float
+// operations per output, whatever the batch width, vector width or instruction set: the same bits.
 #pragma once
 
 #include "isa.h"
@@ -714,7 +715,7 @@ struct Scratch {
     std::vector<int8_t> q;                             // activations, block-major
     std::vector<typename Format::Scale> scale;         // their scales, block-major
     std::vector<typename Format::Packed> packed;       // one tile unpacked (wide batches)
-#if DFLASH_CPU_GEMM_V16   // (formats with TILED only: the others never instantiate it)
+#if DFLASH_CPU_GEMM_V16
     std::vector<typename Format::template PackedT<V16>> packed16;   // the same, two tiles side by side
 #endif
     std::vector<char> tail;                            // the last, partial tile padded to 8 rows
