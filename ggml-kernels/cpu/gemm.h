@@ -32,8 +32,7 @@ bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols);
 // C[j*ldc + i] = dot(row i of A, row j of B) for i < n_rows, j < n_cols. A: n_rows rows of n_blocks
 // blocks of `type` (row stride a_row_bytes); B: n_cols rows of n_blocks blocks of that type's
 // vec_dot_type (Q8_1 for Q4_1, Q8_K for the K-quants, Q8_0 for the others; row stride b_row_bytes); C: float,
-// column stride ldc
-// floats. Thread ith of nth computes its share of the rows; together they cover all of them.
+// column stride ldc floats. Thread ith of nth computes its share of the rows; together they cover all of them.
 // Returns false (and writes nothing) when no kernel for `type` runs on this CPU.
 bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t n_blocks,
                      const void * A, size_t a_row_bytes, const void * B, size_t b_row_bytes,
