@@ -129,6 +129,16 @@ constexpr int STEP_GROUPS = 8;
 constexpr int STEP_GROUPS = 4;
 #endif
 
+// Format::columns' start: the quants of block b of columns j0..j0+RN, and their integer sums at zero
+template <class V, class Format, int RN>
+DFLASH_INLINE void start_columns(const Activations<Format> & a, int64_t b, int64_t j0, const int8_t * (&p)[RN],
+                                 typename V::I (&isum)[RN]) {
+    for (int j = 0; j < RN; ++j) {
+        p[j] = a.quants(b, j0 + j);
+        isum[j] = V::zero();
+    }
+}
+
 // ---- Q4_K and Q5_K ----
 
 template <class V>
@@ -241,10 +251,7 @@ struct K4Format : KTraits<WeightBlock, K4PackedT, 3> {
                                       typename V::F * acc) {
         const int8_t * p[RN];
         typename V::I isum[RN];
-        for (int j = 0; j < RN; ++j) {
-            p[j] = a.quants(b, j0 + j);
-            isum[j] = V::zero();
-        }
+        start_columns<V>(a, b, j0, p, isum);
         for (int g = 0; g < GROUPS; ++g) {
             const typename V::I sc16 = pair16<V>(w.sc[g], w.sc[g]);
             for (int k = 0; k < 8; k += STEP_GROUPS) {
@@ -408,10 +415,7 @@ struct Q6_K : KTraits<block_q6_K, K6PackedT, 4> {
                                       typename V::F * acc) {
         const int8_t * p[RN];
         typename V::I isum[RN];
-        for (int j = 0; j < RN; ++j) {
-            p[j] = a.quants(b, j0 + j);
-            isum[j] = V::zero();
-        }
+        start_columns<V>(a, b, j0, p, isum);
         for (int g = 0; g < GROUPS; ++g) {
             for (int half = 0; half < 2; ++half) {
                 const typename V::I sc = half ? w.sc_hi[g] : w.sc_lo[g];
