@@ -166,7 +166,7 @@ DFLASH_INLINE __m128i scales_mins(const uint8_t * s) {
 
 // The same, lanes = rows, for the transposed tile
 template <class V, typename Row>
-DFLASH_INLINE void unpack_scales_mins(const TileRows<V, Row> & r, K4PackedT<V> & out) {
+DFLASH_INLINE void unpack_scales_mins(const TileRows<Row> & r, K4PackedT<V> & out) {
     using I = typename V::I;
     const size_t at = offsetof(Row, scales);
     const I a0 = r.lanes_u32(at);       // scales[0..3]: sc_0..3 (low 6 bits), high bits of sc_4..7
@@ -191,7 +191,7 @@ DFLASH_INLINE void unpack_scales_mins(const TileRows<V, Row> & r, K4PackedT<V> &
 // The 4-bit quants of Q4_K / Q5_K rows: 32 bytes per pair of groups, group 2c in the low nibbles of
 // bytes 32c.., group 2c + 1 in the high ones
 template <class V, typename Row>
-DFLASH_INLINE void unpack_low_nibbles(const TileRows<V, Row> & r, K4PackedT<V> & out) {
+DFLASH_INLINE void unpack_low_nibbles(const TileRows<Row> & r, K4PackedT<V> & out) {
     const typename V::I low4 = V::set1_8(0x0F);
     for (int c = 0; c < GROUPS / 2; ++c) {
         typename V::I g[TILE_ROWS];
@@ -225,7 +225,6 @@ struct KTraits {
     // 16-row tiles (V16) measured no faster for Q4_K and slower for Q6_K (8 columns x 4 qwen3-0.6b layers,
     // 1 thread: Q4_K 7.9 vs 7.2-8.2 ms, Q6_K 16.6 vs 12.3): the K-quants run 8-row tiles on every variant
     static constexpr bool PAIR_TILES = false;
-    static constexpr bool UNPACKS_EVERY_WIDTH = true;   // unpack<V>: straight into V's lanes
 
     static KScale column_scale(const block_q8_K & y) { return q8_k_column_scale(y); }
 };
@@ -310,9 +309,8 @@ struct K4Format : KTraits<WeightBlock, K4PackedT, 3> {
 };
 
 struct Q4_K : K4Format<Q4_K, block_q4_K, 15> {
-    template <class V>
-    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K4PackedT<V> & out) {
-        const TileRows<V, block_q4_K> r(t, b);
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K4Packed & out) {
+        const TileRows<block_q4_K> r(t, b);
         unpack_low_nibbles(r, out);
         unpack_scales_mins(r, out);
     }
@@ -320,9 +318,9 @@ struct Q4_K : K4Format<Q4_K, block_q4_K, 15> {
 };
 
 struct Q5_K : K4Format<Q5_K, block_q5_K, 31> {
-    template <class V>
-    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K4PackedT<V> & out) {
-        const TileRows<V, block_q5_K> r(t, b);
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K4Packed & out) {
+        using V = V8;
+        const TileRows<block_q5_K> r(t, b);
         unpack_low_nibbles(r, out);
         // value l of group g (byte l of the group's 32) takes bit g of qh[l]; transposed, lane byte j of
         // h[k] is qh[4k + j], the same positions as the group's q[k]
@@ -377,10 +375,10 @@ struct Q6_K : KTraits<block_q6_K, K6PackedT, 4> {
         return finish_k<false, V>(isum, msum, rs, c, acc);
     }
 
-    template <class V>
-    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K6PackedT<V> & out) {
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K6Packed & out) {
+        using V = V8;
         using I = typename V::I;
-        const TileRows<V, block_q6_K> r(t, b);
+        const TileRows<block_q6_K> r(t, b);
         for (int n = 0; n < 2; ++n) {
             I h[TILE_ROWS];
             r.transposed(offsetof(block_q6_K, qh) + 32 * n, h);

@@ -150,20 +150,6 @@ struct V16 {
     static DFLASH_INLINE F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
     static DFLASH_INLINE I dpbusd(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
     static DFLASH_INLINE void store(float * out, F v) { _mm512_storeu_ps(out, v); }
-    static DFLASH_INLINE I set1_8(char v) { return _mm512_set1_epi8(v); }
-    static DFLASH_INLINE I srli16(I a, int n) { return _mm512_srli_epi16(a, n); }
-    static DFLASH_INLINE I slli16(I a, int n) { return _mm512_slli_epi16(a, n); }
-    static DFLASH_INLINE I srli32(I a, int n) { return _mm512_srli_epi32(a, n); }
-    static DFLASH_INLINE I slli32(I a, int n) { return _mm512_slli_epi32(a, n); }
-    static DFLASH_INLINE I srai32(I a, int n) { return _mm512_srai_epi32(a, n); }
-    static DFLASH_INLINE F neg(F a) { return _mm512_sub_ps(_mm512_setzero_ps(), a); }
-    // lanes 0..7 from lo, 8..15 from hi
-    static DFLASH_INLINE I join(__m256i lo, __m256i hi) {
-        return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    }
-    static DFLASH_INLINE F join(__m256 lo, __m256 hi) {
-        return _mm512_castsi512_ps(join(_mm256_castps_si256(lo), _mm256_castps_si256(hi)));
-    }
 };
 #endif
 
@@ -375,48 +361,17 @@ struct Tile {
     DFLASH_INLINE Tile second_half() const { return Tile{base + TILE_ROWS * stride, stride, nullptr, 0}; }
 };
 
-// Block b of each of a tile's V::ROWS rows, in groups of 8 (Tile::rows), and what formats that unpack straight
-// into V's lanes read from them: lane r = row r
-template <class V, typename Row>
+// Block b of each of a tile's 8 rows (Tile::rows), and what the K-quants' unpacking reads from them: lane r = row r
+template <typename Row>
 struct TileRows {
-    const Row * r[V::ROWS / TILE_ROWS][TILE_ROWS];
+    const Row * r[TILE_ROWS];
 
-    DFLASH_INLINE TileRows(const Tile & t, int64_t b) {
-        t.rows(b, r[0]);
-        if constexpr (V::ROWS > TILE_ROWS) {
-            t.second_half().rows(b, r[1]);
-        }
-    }
+    DFLASH_INLINE TileRows(const Tile & t, int64_t b) { t.rows(b, r); }
 
     // 32 bytes at offset of each row, transposed by 4-byte groups (transpose_groups)
-    DFLASH_INLINE void transposed(size_t offset, typename V::I (&out)[TILE_ROWS]) const {
-        if constexpr (V::ROWS == TILE_ROWS) {
-            load_transposed(r[0], offset, out);
-        } else {
-            __m256i lo[TILE_ROWS], hi[TILE_ROWS];
-            load_transposed(r[0], offset, lo);
-            load_transposed(r[1], offset, hi);
-            for (int k = 0; k < TILE_ROWS; ++k) {
-                out[k] = V::join(lo[k], hi[k]);
-            }
-        }
-    }
-
-    DFLASH_INLINE typename V::I lanes_u32(size_t offset) const {
-        if constexpr (V::ROWS == TILE_ROWS) {
-            return load_lanes_u32(r[0], offset);
-        } else {
-            return V::join(load_lanes_u32(r[0], offset), load_lanes_u32(r[1], offset));
-        }
-    }
-
-    DFLASH_INLINE typename V::F lanes_f16(size_t offset) const {
-        if constexpr (V::ROWS == TILE_ROWS) {
-            return load_lanes_f16(r[0], offset);
-        } else {
-            return V::join(load_lanes_f16(r[0], offset), load_lanes_f16(r[1], offset));
-        }
-    }
+    DFLASH_INLINE void transposed(size_t offset, __m256i (&out)[TILE_ROWS]) const { load_transposed(r, offset, out); }
+    DFLASH_INLINE __m256i lanes_u32(size_t offset) const { return load_lanes_u32(r, offset); }
+    DFLASH_INLINE __m256 lanes_f16(size_t offset) const { return load_lanes_f16(r, offset); }
 };
 
 // sum over N groups of 4 of q * p for the rows of a packed block (q[0..N), lane r = row r) and 4N
@@ -497,7 +452,6 @@ struct Format32 {
     using Packed = PackedBlock;
     template <class V> using PackedT = PackedBlockT<V>;
     static constexpr bool PAIR_TILES = true;
-    static constexpr bool UNPACKS_EVERY_WIDTH = false;
     static constexpr bool ROW_MAJOR = false;
     static constexpr int MAX_Q = QMAX;
     static constexpr bool FLOAT_MIN = MIN_TERM;
@@ -522,13 +476,10 @@ DFLASH_INLINE void accumulate_block(const typename Format::template PackedT<V> &
     }
 }
 
-// Block b of a tile unpacked into lanes: straight into V's lanes (formats that unpack every width), or
-// Format::unpack for 8 rows and both halves of a 16-row tile widened
+// Block b of a tile unpacked into lanes: Format::unpack for 8 rows, or both halves of a 16-row tile widened
 template <class Format, class V>
 DFLASH_INLINE void unpack_lanes(const Tile & t, int64_t b, typename Format::template PackedT<V> & out) {
-    if constexpr (Format::UNPACKS_EVERY_WIDTH) {
-        Format::template unpack<V>(t, b, out);
-    } else if constexpr (V::ROWS == TILE_ROWS) {
+    if constexpr (V::ROWS == TILE_ROWS) {
         Format::unpack(t, b, out);
     } else {
         typename Format::Packed lo, hi;
