@@ -85,27 +85,63 @@ def test_a_q8_0_kv_cache_is_lossless_and_used(q8_engine):
     assert drafted > 0                                                     # the drafter ran
 
 
-def test_a_q8_0_cache_reuses_a_whole_conversation_without_re_decoding_it(q8_engine):
-    """No tiled flash attention with Q8_0 K/V (engine/target.py width_invariant): the positions a generation decoded
-    in verify batches are what a prefill computes, so the next turn reuses all of them with no re-decode (a
-    follow-up sent at once waits for nothing), and its last logits are a cold prefill's bits. Broken variant caught:
-    an F16 cache treated as width-invariant (its narrow positions differ from a prefill's in the last bits)."""
+@pytest.fixture(scope="module")
+def f16_engine():
+    from dflash_gguf.engine.session import Engine
+    engine = Engine(EngineSettings(n_ctx=512, n_threads=1))
+    yield engine
+    engine.close()
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_a_kv_cache_reuses_a_whole_conversation_without_re_decoding_it(kv, request):
+    """Each attention row in one order for every ubatch width (patches/0012 for F16/F32 K and V; ggml's row-by-row
+    kernel for Q8_0) and width-invariant matmuls: the positions a generation decoded in verify batches are what a
+    prefill computes, so the next turn reuses all of them with no re-decode (a follow-up sent at once waits for
+    nothing), and its last logits are a cold prefill's bits, on the real default model. Broken variant caught:
+    ggml's tiled kernel for >= 64 rows (the dispatch before patch 0012) — the F16 case's last logits then differ."""
     import numpy as np
 
     from dflash_gguf.native.wrappers import ContextSettings
     from dflash_gguf.engine.target import width_invariant
-    assert not width_invariant(ContextSettings()) and not width_invariant(ContextSettings(type_k="f32", type_v="f32"))
-    assert not width_invariant(ContextSettings(type_k="q8_0", type_v="q8_0", flash_attn="off"))
-    prompt = q8_engine.tokenize(PROMPTS[0] * 6)
-    q8_engine.forget()
-    answer = q8_engine.generate(prompt, 40, SamplingParams()).tokens
-    assert q8_engine.widen() == 0
-    follow = prompt + answer + q8_engine.tokenize(" Shorter, please.", add_special=False)
-    k = q8_engine.keep_prefix(follow)
+    engine = request.getfixturevalue(f"{'f16' if kv == 'f16' else 'q8'}_engine")
+    assert not width_invariant(ContextSettings()) and width_invariant(ContextSettings(), cpu_one_order=True)
+    assert not width_invariant(ContextSettings(type_k="f32", type_v="f32"))
+    assert width_invariant(ContextSettings(type_k="q8_0", type_v="q8_0"))
+    assert not width_invariant(ContextSettings(type_k="q8_0", type_v="q8_0", flash_attn="off"), cpu_one_order=True)
+    assert engine.target.width_invariant
+    prompt = engine.tokenize(PROMPTS[0] * 6)
+    engine.forget()
+    answer = engine.generate(prompt, 40, SamplingParams()).tokens
+    assert engine.widen() == 0
+    follow = prompt + answer + engine.tokenize(" Shorter, please.", add_special=False)
+    k = engine.keep_prefix(follow)
     assert k == len(prompt) + len(answer) - 1
-    warm = q8_engine.target.prefill(follow[k:], None)
-    q8_engine.forget()
-    assert np.array_equal(warm, q8_engine.target.prefill(follow, None))
+    warm = engine.target.prefill(follow[k:], None)
+    engine.forget()
+    assert np.array_equal(warm, engine.target.prefill(follow, None))
+
+
+def test_attention_gives_each_row_the_same_bits_in_any_ubatch_split(f16_engine):
+    """The default model's logits after 300 positions are the same bits whether they were decoded as one prefill,
+    in 7-row verify batches, token by token or in other splits (F16 K/V, patches/0012). Broken variant caught: ggml's
+    tiled kernel for >= 64 rows (row by row below): 256+44 vs 300x1 differ by up to ~1 logit (measured)."""
+    import numpy as np
+    t = f16_engine.target
+    toks = [(17 + 7919 * i) % f16_engine.target_model.n_vocab for i in range(300)]
+
+    def last_logits(splits):
+        t.reset()
+        i = 0
+        for n in splits:
+            t.decode_rows(toks[i:i + n])
+            i += n
+        return np.array(t.ctx.logits_all(splits[-1]))[-1]
+
+    ref = last_logits([300])
+    for splits in ([256, 44], [7] * 42 + [6], [200] + [1] * 100, [64, 1, 64, 171]):
+        assert np.array_equal(last_logits(splits), ref), splits[:4]
+    f16_engine.forget()
 
 
 def test_props_and_slot_identity_name_the_kv_types(q8_engine):

@@ -1,6 +1,8 @@
 """Reusing the held sequence (engine/prefix.py): a generation that continues a cached prefix gives exactly what a
 cold start gives (greedy, and T>0 with the same seed), after a cut-short generation too; snapshots restore both
-target and drafter; a hybrid target reuses its whole sequence or nothing."""
+target and drafter; a hybrid target reuses its whole sequence or nothing. Our CPU build reuses a whole conversation
+(one attention order for every width); most tests here run the wide/narrow bookkeeping that width-dependent
+attention needs (helpers.engine.width_dependent)."""
 
 import pytest
 
@@ -8,7 +10,8 @@ from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.prefix import WIDEN_ROWS
 from dflash_gguf.engine.target import WIDE_ROWS
 from dflash_gguf.settings import EngineSettings
-from helpers.engine import assert_same_bits, next_step_logits, tiny_speculative_engine, write_random_drafter
+from helpers.engine import (assert_same_bits, next_step_logits, tiny_speculative_engine, width_dependent,
+                            write_random_drafter)
 
 GREEDY = SamplingParams(temperature=0.0)
 HOT = SamplingParams(temperature=0.8, top_k=20, seed=3)
@@ -16,7 +19,7 @@ HOT = SamplingParams(temperature=0.8, top_k=20, seed=3)
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    eng = tiny_speculative_engine(tmp_path_factory.mktemp("prefix"))
+    eng = width_dependent(tiny_speculative_engine(tmp_path_factory.mktemp("prefix")))
     eng.spec.debug_check_positions = True          # target and drafter hold the same positions after every step
     yield eng
     eng.close()
@@ -36,6 +39,39 @@ def warm(engine, prompt, n, sampling=GREEDY, speculative=True):
 
 def prompt_of(*ids):
     return [1] + [3 + (i % 28) for i in ids]
+
+
+@pytest.fixture(scope="module")
+def one_order_engine(tmp_path_factory):
+    eng = tiny_speculative_engine(tmp_path_factory.mktemp("one-order"))
+    eng.spec.debug_check_positions = True
+    yield eng
+    eng.close()
+
+
+def test_one_order_attention_reuses_a_whole_conversation_with_nothing_re_decoded(one_order_engine):
+    """Our CPU build computes each attention row in one order for any ubatch width (patches/0012), so the positions a
+    generation decoded in verify batches are what a prefill computes: the next turn reuses every one of them, nothing
+    is re-decoded (a follow-up sent at once waits for nothing), target and drafter hold a cold start's bits and greedy
+    output is a cold start's. Broken variant caught: the old dispatch (ggml's tiled kernel for >= 64 rows, row by row
+    below) with the engine trusting it — the answer's positions then differ from a 200-row prefill's."""
+    engine = one_order_engine
+    assert engine.target.width_invariant
+    first = prompt_of(*range(150))
+    engine.forget()
+    answer = engine.generate(first, 24, GREEDY).tokens
+    assert engine.widen() == 0
+    second = first + answer + prompt_of(7, 9, 11)[1:]
+    k = engine.keep_prefix(second)
+    assert k == len(first) + len(answer) - 1                           # all but the newest token, never decoded
+    warm_bits = next_step_logits(engine, second, k)
+    engine.forget()
+    cold_bits = next_step_logits(engine, second, 0)
+    assert_same_bits(warm_bits, cold_bits)
+    expected = cold(engine, second, 24)
+    engine.forget()
+    engine.generate(first, 24, GREEDY)
+    assert warm(engine, second, 24) == (len(first) + len(answer) - 1, expected)
 
 
 # T > 0: the plain decoder draws one random number per token from the target's distribution, so the same seed

@@ -6,19 +6,22 @@ still be pending in its buffer). The next prompt shares a prefix with that seque
 so both are cut back to the prefix (`Target.truncate`, `DFlashSource.truncate`: seq_rm of the positions
 after it) and only the rest is prefilled: `SpecDecoder.generate(..., n_cached=k)`.
 
-Exactness: on the CPU a position's KV depends on its tokens and on one property of the ubatch it was decoded
-in: wide (>= 64 rows: flash attention runs tiled) or narrow (target.WIDE_ROWS; the matmuls give the same bits for
-any width). Generated tokens are decoded narrow (verify batches), a long prompt wide. So `keep_prefix` keeps only
-the positions a cold prefill of the new prompt would compute the same way (`Target.reusable`), the prefill of the
-rest gives each position the class a cold prefill gives it (`Target._chunks`), and `widen` re-decodes a finished
-generation's narrow positions wide while the server is idle, as a prefill of the next turn will want them; it
-yields to a request that arrives meanwhile (which prefills what is left, if it continues the conversation).
-With KV cache types the tiled kernel does not take (`-ctk q8_0 -ctv q8_0`: `Target.width_invariant`) every
-position counts as wide: a generation's positions are reused as they are, with nothing to re-decode.
-Measured on SmolLM2-135M Q4_1: a 30-row and a 1-row last ubatch change the last logits by up to 0.7 against one
-700-row prefill; 600+100 or 7x100 rows give the same bits. With that, greedy output with a reused prefix equals a
-cold start (tests/test_prefix_cache.py). At least one prompt token is always decoded again: its logits pick the
-first new token.
+Exactness: with our CPU build (patches/0012 for attention, ggml-kernels/cpu for the matmuls) a position's KV
+depends only on its tokens: every ubatch width computes each row in the same order, so the positions a generation
+decoded in verify batches are what a prefill computes, and the next turn reuses all of them
+(`Target.width_invariant`): a follow-up sent at once waits for nothing. Where the order depends on the width
+(ggml's stock paths: DFLASH_CPU_ISA=none, flash attention off, a GPU) a position's KV depends on one property of
+the ubatch it was decoded in: wide (>= 64 rows: stock flash attention runs tiled) or narrow (target.WIDE_ROWS).
+Generated tokens are decoded narrow, a long prompt wide. So `keep_prefix` keeps only the positions a cold prefill
+of the new prompt would compute the same way (`Target.reusable`), the prefill of the rest gives each position the
+class a cold prefill gives it (`Target._chunks`), and `widen` re-decodes a finished generation's narrow positions
+wide while the server is idle, as a prefill of the next turn will want them; it yields to a request that arrives
+meanwhile (which prefills what is left, if it continues the conversation). KV cache types the tiled kernel does
+not take (`-ctk q8_0 -ctv q8_0`) are width-invariant there too. Measured on SmolLM2-135M Q4_1 with stock
+attention: a 30-row and a 1-row last ubatch change the last logits by up to 0.7 against one 700-row prefill;
+600+100 or 7x100 rows give the same bits; with ours every split gives the same bits (tests/test_kv_cache_types.py).
+Greedy output with a reused prefix equals a cold start (tests/test_prefix_cache.py). At least one prompt token is
+always decoded again: its logits pick the first new token.
 
 Where a prefix cannot be kept, `keep_prefix` returns 0 and the generation starts cold:
 - a recurrent (hybrid) target rolls its state back only within a verify (n_rs_seq snapshots or one

@@ -14,21 +14,31 @@ from ..native.wrappers import Batch, Context, ContextSettings, Model, TapRows
 # Called after every target decode with (features [rows, n_taps*n_embd], pos0 of the first row).
 FeatureSink = Callable[[np.ndarray, int], None]
 
-# ggml-cpu runs flash attention tiled, with another summation order, for a ubatch of >= 64 query rows
-# (GGML_FA_TILE_Q) and row by row below that; the matmuls give the same bits for any width (ggml-kernels/cpu).
-# So a position's KV depends on its tokens and on whether its ubatch was "wide": a reused prefix is exact
-# only where each position was computed as a prefill of the whole sequence from 0 would compute it.
+# Stock ggml-cpu runs flash attention tiled, with another summation order, for a ubatch of >= 64 query rows
+# (GGML_FA_TILE_Q) and row by row below that. Our build (patches/0012) computes each row in one order whatever the
+# ubatch width, and the matmuls give the same bits for any width (ggml-kernels/cpu): then a generated position's
+# KV is what a prefill computes and a held sequence is reused as it is. Where the order still depends on the width
+# (stock paths: DFLASH_CPU_ISA=none, flash attention off, a GPU), a position's KV depends on whether its ubatch
+# was "wide": a reused prefix is exact only where each position was computed as a prefill of the whole sequence
+# from 0 would compute it.
 WIDE_ROWS = 64
 # The tiled kernel takes only F16 / F32 K and V of one type: with other KV cache types (-ctk q8_0 -ctv q8_0)
 # every ubatch width gives the same bits (measured: SmolLM2 Q4_1, 700 tokens as 512+188, 7x100, 16-row ubatches)
 TILED_KV_TYPES = ("f16", "f32")
 
 
-def width_invariant(settings: ContextSettings) -> bool:
-    """Whether the CPU computes a position's KV the same in a ubatch of any width (flash attention on, no tiled
-    kernel for these KV types)."""
+def width_invariant(settings: ContextSettings, cpu_one_order: bool = False) -> bool:
+    """Whether a position's KV comes out the same in a ubatch of any width: flash attention on, and either our
+    CPU build's one order per row (cpu_one_order: the model's attention runs there) or KV types the tiled
+    kernel does not take."""
     k, v = settings.type_k or "f16", settings.type_v or "f16"
-    return settings.flash_attn != "off" and not (k == v and k in TILED_KV_TYPES)
+    return settings.flash_attn != "off" and (cpu_one_order or not (k == v and k in TILED_KV_TYPES))
+
+
+def cpu_one_order(model: Model) -> bool:
+    """Whether the model's attention runs on a CPU build that computes each row in one order (patches/0012)."""
+    from ..native.cpu_kernels import CpuKernels  # noqa: PLC0415
+    return not model.on_gpu and CpuKernels(model.native).flash_attn_one_order
 
 
 class ContextOverflow(UserError):
@@ -63,12 +73,15 @@ class Target:
         self.rollback_mode = self._rollback_mode(max_verify)
         if taps:
             self.ctx.set_taps(list(taps))
+        # llama.cpp computes the last layer for the output rows only: a tap of the final output (id n_layer) is
+        # right for every row only when every row is an output row
+        self._prune = "all" if model.n_layer in taps else None
         self.n_batch = min(settings.n_batch, settings.n_ubatch)   # one decode = one ubatch (see WIDE_ROWS)
         self.batch = Batch(model.native, max(settings.n_batch, max_verify + 1))
         self.n_past = 0                  # positions held in the KV cache
         self.tokens: list[int] = []      # the token at each held position (a prompt cache compares against it)
         self.wide: list[bool] = []       # whether each held position was decoded in a ubatch of >= WIDE_ROWS
-        self.width_invariant = width_invariant(settings)   # then every position counts as wide
+        self.width_invariant = width_invariant(settings, cpu_one_order(model))   # every position counts as wide
         self._checkpoint: bytes | None = None
         self._kept_rows: TapRows | None = None   # features of the rows a verify keeps, reused every step
         self._max_rows = max_verify + 1
@@ -150,7 +163,7 @@ class Target:
         for size in self._chunks(len(tokens), all_wide):
             chunk = tokens[i:i + size]
             i += size
-            self.batch.set_tokens(chunk, self.n_past, "last" if i >= len(tokens) else "none")
+            self.batch.set_tokens(chunk, self.n_past, self._prune or ("last" if i >= len(tokens) else "none"))
             self.ctx.decode(self.batch, "prefill")
             if sink is not None and self.ctx.taps:
                 sink(self.ctx.get_taps(0, len(chunk)), self.n_past)
@@ -206,7 +219,7 @@ class Target:
             del self.tokens[start:]
             del self.wide[start:]
             if replay:
-                self.batch.set_tokens(replay, start, "none")
+                self.batch.set_tokens(replay, start, self._prune or "none")
                 self.ctx.decode(self.batch, "rollback replay")
                 self.n_past += len(replay)
                 self.tokens.extend(replay)

@@ -22,11 +22,13 @@ class CpuKernels:
         self._get = getattr(cpu, "dflash_cpu_isa", None)
         self._set = getattr(cpu, "dflash_cpu_set_isa", None)
         self._invariant = getattr(cpu, "dflash_cpu_batch_invariant", None)
+        self._one_order = getattr(cpu, "dflash_cpu_flash_attn_one_order", None)
         if self._get is not None:
             self._get.argtypes, self._get.restype = [], ctypes.c_char_p
             self._set.argtypes, self._set.restype = [ctypes.c_char_p], ctypes.c_bool
-        if self._invariant is not None:
-            self._invariant.argtypes, self._invariant.restype = [], ctypes.c_bool
+        for f in (self._invariant, self._one_order):
+            if f is not None:
+                f.argtypes, f.restype = [], ctypes.c_bool
 
     @property
     def isa(self) -> str:
@@ -38,6 +40,12 @@ class CpuKernels:
         """Whether every weight type multiplies in one summation order for every batch width (our kernels
         where they cover the type, ggml's width-independent paths elsewhere); off only after "none"."""
         return bool(self._invariant()) if self._invariant is not None else False
+
+    @property
+    def flash_attn_one_order(self) -> bool:
+        """Whether flash attention over F16/F32 K and V computes each query row in one summation order for any
+        number of rows (patches/0012; off after "none", where ggml's tiled kernel takes 64 rows and more)."""
+        return bool(self._one_order()) if self._one_order is not None else False
 
     def set_isa(self, isa: str) -> bool:
         """Switch to `isa` ("auto" = the best this CPU runs); False when this CPU cannot run it."""

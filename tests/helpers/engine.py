@@ -275,6 +275,14 @@ def tiny_speculative_engine(folder: Path):
                                  draft_max=3))
 
 
+def width_dependent(engine):
+    """The engine with the wide/narrow bookkeeping (engine/prefix.py) that attention whose order depends on the
+    ubatch width needs (ggml's stock tiled kernel, a GPU). Our CPU build computes one order for every width
+    (patches/0012), so reuse stays exact either way: tests of the bookkeeping check what it keeps and re-decodes."""
+    engine.target.width_invariant = False
+    return engine
+
+
 def next_step_logits(engine, prompt: list[int], n_cached: int) -> tuple[np.ndarray, np.ndarray]:
     """What the engine computes from `prompt` with its first `n_cached` positions held (engine.keep_prefix):
     (the target's last logits after prefilling the rest [V], the drafter's logits for a block anchored at the
