@@ -72,6 +72,15 @@ def test_the_drafter_being_adapted_is_never_the_output(tiny, tmp_path, capsys):
     assert sha(drafter) == before
 
 
+@pytest.mark.parametrize("option", [("--tv", "0.9"), ("--distill", "0.5")])
+def test_adapt_refuses_a_soft_target_loss_it_could_not_apply(tiny, tmp_path, capsys, option):
+    folder, target, drafter, _ = tiny           # its data keep no top-k probabilities: --tv would be ignored
+    code = cli("train", "--adapt", tmp_path, "-m", target, "-md", drafter, "-o", tmp_path / "new.gguf", *option)
+    err = capsys.readouterr().err
+    assert code == 2 and option[0] in err and "hard labels only" in err
+    assert not (tmp_path / "new.gguf").exists()
+
+
 @pytest.mark.slow
 def test_adapt_writes_a_new_drafter_that_decodes_losslessly(tiny, tmp_path, capsys):
     from dflash_gguf.engine.session import Engine
