@@ -42,3 +42,29 @@ def test_tau_probe_drafts_what_the_engine_source_drafts(tmp_path):
         source.close()
         source.model.close()
         probe.close()
+
+
+def test_a_tap_of_the_final_output_is_right_for_every_prompt_row(tmp_path):
+    """llama.cpp computes the last layer for output rows only, so a tap of the final output (id n_layer) is right
+    for every row only when every row is an output row (Context.outputs_for_taps). The features of a prompt from
+    one prefill (`prefill_features`: bench --tau, refeature, preflight) equal those of a verify that outputs every
+    row. Broken variant caught: the prefill asking for the last row only (its other rows' final-output taps are
+    not computed; they differed by up to ~3 in the tiny llama)."""
+    from dflash_gguf.native.wrappers import Batch, Context, ContextSettings, Model
+    from dflash_gguf.textgen.greedy import prefill_features
+
+    path = write_tiny_llama(tmp_path / "tiny.gguf", text=True, n_layer=3)
+    model = Model(path)
+    taps = [1, model.n_layer]
+    ctx = Context(model, ContextSettings(n_ctx=256, n_batch=128, n_ubatch=128, n_threads=1))
+    batch = Batch(model.native, 128)
+    try:
+        seq = [1] + [(7 * i) % 30 + 2 for i in range(90)]
+        feats = prefill_features(ctx, batch, taps, seq)
+        ctx.clear()
+        batch.set_tokens(seq, 0, "all")
+        ctx.decode(batch, "verify")
+        assert np.array_equal(feats, ctx.get_taps(0, len(seq)))
+    finally:
+        batch.close()
+        ctx.close()

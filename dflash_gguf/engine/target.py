@@ -73,9 +73,6 @@ class Target:
         self.rollback_mode = self._rollback_mode(max_verify)
         if taps:
             self.ctx.set_taps(list(taps))
-        # llama.cpp computes the last layer for the output rows only: a tap of the final output (id n_layer) is
-        # right for every row only when every row is an output row
-        self._prune = "all" if model.n_layer in taps else None
         self.n_batch = min(settings.n_batch, settings.n_ubatch)   # one decode = one ubatch (see WIDE_ROWS)
         self.batch = Batch(model.native, max(settings.n_batch, max_verify + 1))
         self.n_past = 0                  # positions held in the KV cache
@@ -163,7 +160,8 @@ class Target:
         for size in self._chunks(len(tokens), all_wide):
             chunk = tokens[i:i + size]
             i += size
-            self.batch.set_tokens(chunk, self.n_past, self._prune or ("last" if i >= len(tokens) else "none"))
+            wanted = "last" if i >= len(tokens) else "none"
+            self.batch.set_tokens(chunk, self.n_past, self.ctx.outputs_for_taps(wanted))
             self.ctx.decode(self.batch, "prefill")
             if sink is not None and self.ctx.taps:
                 sink(self.ctx.get_taps(0, len(chunk)), self.n_past)
@@ -219,7 +217,7 @@ class Target:
             del self.tokens[start:]
             del self.wide[start:]
             if replay:
-                self.batch.set_tokens(replay, start, self._prune or "none")
+                self.batch.set_tokens(replay, start, self.ctx.outputs_for_taps("none"))
                 self.ctx.decode(self.batch, "rollback replay")
                 self.n_past += len(replay)
                 self.tokens.extend(replay)

@@ -295,6 +295,12 @@ class Context:
     def taps(self) -> list[int]:
         return list(self._taps)
 
+    def outputs_for_taps(self, wanted: str) -> str:
+        """The output rows a decode must ask for ("last", "none": what the caller wants of the logits) so that
+        get_taps is right for every row: llama.cpp computes the last layer for output rows only, so a tap of the
+        final output (id n_layer) needs every row to be one."""
+        return "all" if self.model.n_layer in self._taps else wanted
+
     def get_taps(self, i0: int, n_rows: int, out: np.ndarray | None = None) -> np.ndarray:
         """Features of batch rows [i0, i0+n_rows) of the last decode: [n_rows, n_taps*n_embd] float32."""
         width = len(self._taps) * self.model.n_embd

@@ -31,7 +31,7 @@ def prefill_features(ctx, batch, taps: list[int], seq: list[int]) -> np.ndarray:
     parts = []
     for i in range(0, len(seq), 512):
         chunk = seq[i:i + 512]
-        batch.set_tokens(chunk, i, "last")
+        batch.set_tokens(chunk, i, ctx.outputs_for_taps("last"))
         ctx.decode(batch, "features")
         parts.append(ctx.get_taps(0, len(chunk)))
     return np.concatenate(parts)

@@ -247,7 +247,8 @@ class _Generator:
         pos0 = len(slot.tokens)
         for i in range(0, len(toks), 512):
             part = toks[i:i + 512]
-            self.batch.set_rows(part, range(pos0 + i, pos0 + i + len(part)), [slot.seq] * len(part), "last")
+            self.batch.set_rows(part, range(pos0 + i, pos0 + i + len(part)), [slot.seq] * len(part),
+                                 self.ctx.outputs_for_taps("last"))
             self.ctx.decode(self.batch, "harvest prefill")
             if self.s.store_features:
                 slot.feats.extend(self.ctx.get_taps(0, len(part)))
