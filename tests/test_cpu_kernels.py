@@ -18,6 +18,7 @@ variant too):
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -28,7 +29,7 @@ import pytest
 from gguf import GGMLQuantizationType, quants
 
 from dflash_gguf.native.cpu_kernels import CpuKernels
-from dflash_gguf.native.lib import load
+from dflash_gguf.native.lib import libname, load
 from lab.matmul_probe import MatmulProbe
 
 BATCHES = list(range(1, 17)) + [40]     # 40: wider than one pass on AVX2 and on AVX-512
@@ -202,3 +203,53 @@ def test_types_our_kernels_do_not_cover_stay_batch_invariant(native, kernels, we
             assert np.array_equal(out[j].view(np.uint32), alone[j].view(np.uint32)), \
                 f"{weight_type}: column {j} of B={n} differs from the same column alone"
     probe.close()
+
+
+Q8_K_BLOCK = np.dtype([("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)])   # ggml's block_q8_K
+
+
+def _q8_k_inputs(rng) -> np.ndarray:
+    """Blocks of 256 activations, ordinary and awkward: wide and tiny ranges, exact rounding ties, the largest
+    magnitude twice with opposite signs, all zeros, denormals, NaN and infinities."""
+    blocks = [rng.standard_normal(256) * s for s in (1.0, 1e-3, 300.0, 1e-30)]
+    ties = rng.integers(-126, 127, 256) + 0.5                      # iscale = 1: every value a tie
+    ties[7] = -127.0
+    blocks.append(ties)
+    both_signs = rng.standard_normal(256)
+    both_signs[[3, 200]] = [5.0, -5.0]                             # the first of the two sets max's sign
+    blocks.append(both_signs)
+    blocks.append(np.zeros(256))
+    blocks.append(np.full(256, 1e-41))                             # denormal floats
+    for special in (np.nan, np.inf, -np.inf):
+        b = rng.standard_normal(256)
+        b[[0, 100]] = special
+        blocks.append(b)
+    return np.concatenate(blocks).astype(np.float32)
+
+
+def test_k_quant_activations_are_ggmls_bytes_in_vector_steps(native, kernels):
+    """The K-quants' activations, quantized by our vector steps (patches/0013), are byte for byte what ggml's
+    scalar quantize_row_q8_K_ref writes, on every variant this CPU runs and for awkward input too (a changed
+    rounding, tie rule or choice of the largest magnitude fails here)."""
+    cpu = ctypes.CDLL(str(Path(native.lib_dir) / libname("ggml-cpu")))
+    base = ctypes.CDLL(str(Path(native.lib_dir) / libname("ggml-base")))
+    ours, ref = cpu.dflash_cpu_quantize_row_q8_K, base.quantize_row_q8_K_ref
+    ours.argtypes = ref.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    ours.restype, ref.restype = ctypes.c_bool, None
+    x = _q8_k_inputs(np.random.default_rng(13))
+    n_blocks = len(x) // 256
+    expected = np.zeros(n_blocks, Q8_K_BLOCK)
+    with np.errstate(all="ignore"):
+        ref(x.ctypes.data, expected.ctypes.data, len(x))
+    chosen = kernels.isa
+    try:
+        for isa in [i for i in kernels.runnable() if i != "none"]:
+            assert kernels.set_isa(isa)
+            got = np.zeros(n_blocks, Q8_K_BLOCK)
+            assert ours(x.ctypes.data, got.ctypes.data, len(x))
+            for b in range(n_blocks):
+                assert got[b].tobytes() == expected[b].tobytes(), f"{isa}: block {b} differs from ggml's"
+        assert kernels.set_isa("none")
+        assert not ours(x.ctypes.data, np.zeros(n_blocks, Q8_K_BLOCK).ctypes.data, len(x))   # ggml's own, then
+    finally:
+        kernels.set_isa(chosen)

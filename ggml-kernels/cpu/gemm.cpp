@@ -158,6 +158,19 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
 #endif
 }
 
+extern "C" bool dflash_cpu_quantize_row_q8_K(const float * x, void * y, int64_t k) {
+    const Isa isa = current_isa();
+    if (isa == ISA_NONE) {
+        return false;
+    }
+#if DFLASH_CPU_VARIANTS
+    return isa == ISA_AVX512 ? dflash_cpu::avx512::quantize_q8_k(x, y, k) : dflash_cpu::avx2::quantize_q8_k(x, y, k);
+#else
+    (void) x; (void) y; (void) k;
+    return false;
+#endif
+}
+
 extern "C" bool dflash_cpu_gemm_f32_act(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t k,
                                         const void * A, size_t a_row_bytes, const float * B, size_t b_row_bytes,
                                         float * C, int64_t ldc, int ith, int nth) {

@@ -50,6 +50,10 @@ bool dflash_cpu_gemm_f32_act(enum ggml_type type, int64_t n_rows, int64_t n_cols
 // (patches/0010-cpu-batch-invariant-fallbacks.patch). On
 // unless ggml's own paths were asked for by name (DFLASH_CPU_ISA=none, dflash_cpu_set_isa("none")), on
 // CPUs without our kernels too.
+// Q8_K activations (the K-quants' vec_dot_type) bit for bit as quantize_row_q8_K_ref writes them, in vector
+// steps; false (nothing written) where the kernels are off (DFLASH_CPU_ISA=none keeps ggml's scalar one)
+bool dflash_cpu_quantize_row_q8_K(const float * x, void * y, int64_t k);
+
 bool dflash_cpu_batch_invariant(void);
 
 // The instruction-set variant our kernels run with: "avx512", "avx2" or "none" (ggml's own paths).

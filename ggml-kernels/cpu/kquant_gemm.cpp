@@ -98,29 +98,6 @@ DFLASH_INLINE typename V::I pair16(typename V::I lo, typename V::I hi) {
     return V::or_(V::and_(lo, V::set1(0xFFFF)), V::template slli<16>(hi));
 }
 
-// isum + sc * sum over N groups of 4 of q * p, lanes = rows (see dot_groups): the scale times the exact dot
-// (VNNI), or folded into AVX2's pair sums by madd with the scale as int16 in both halves of a lane
-// (sc16 = pair16(sc, sc)) -- the same integer
-template <int MAX_Q, int N, class V>
-DFLASH_INLINE typename V::I add_scaled_dot(typename V::I isum, const typename V::I * q, const int8_t * p,
-                                           typename V::I sc, typename V::I sc16) {
-#if DFLASH_CPU_GEMM_VNNI
-    (void) sc16;
-    return V::add(isum, V::mullo(dot_groups<MAX_Q, N, V>(q, p), sc));
-#else
-    (void) sc;
-    constexpr int CHUNK = 32767 / (2 * MAX_Q * 128) < N ? 32767 / (2 * MAX_Q * 128) : N;
-    for (int k0 = 0; k0 < N; k0 += CHUNK) {
-        __m256i s16 = _mm256_maddubs_epi16(q[k0], _mm256_set1_epi32((int) load_u32(p + 4 * k0)));
-        for (int k = k0 + 1; k < k0 + CHUNK && k < N; ++k) {
-            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(q[k], _mm256_set1_epi32((int) load_u32(p + 4 * k))));
-        }
-        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(s16, sc16));
-    }
-    return isum;
-#endif
-}
-
 // Groups of 4 weight quants per scaled dot step in Format::columns: a whole group of 32 where VNNI's registers
 // hold it beside RN accumulators, half of one with AVX2's 16 registers
 #if DFLASH_CPU_GEMM_VNNI && defined(__AVX512F__)
@@ -128,6 +105,48 @@ constexpr int STEP_GROUPS = 8;
 #else
 constexpr int STEP_GROUPS = 4;
 #endif
+
+// Columns per chunk of Format::columns: with VNNI a chunk's dot chains, its integer sums and the group's quants
+// stay in AVX-512's 32 registers (3 x 8 + 8); AVX2 steps column after column anyway (its widest pass, 8)
+constexpr int COLUMN_CHUNK = 8;
+
+// isum[j] += sc * sum_k q[k] . (quants 4k..4k+3 of p[j] + at), k < N, for RN columns; sc16: sc as int16 in both
+// halves of a lane (AVX2). VNNI interleaves the columns' dpbusd, one chain per column, so consecutive ones do
+// not wait for each other (column after column measured 1.05-1.1x slower at B = 5..16: the units sat idle).
+template <int RN, int N, int MAX_Q, class V>
+DFLASH_INLINE void add_scaled_dots(typename V::I (&isum)[RN], const typename V::I * q, const int8_t * const (&p)[RN],
+                                   int at, typename V::I sc, typename V::I sc16) {
+#if DFLASH_CPU_GEMM_VNNI
+    (void) sc16;
+    typename V::I dot[RN];
+    for (int j = 0; j < RN; ++j) {
+        dot[j] = V::dpbusd(V::zero(), q[0], V::set1((int) load_u32(p[j] + at)));
+    }
+    for (int k = 1; k < N; ++k) {
+        for (int j = 0; j < RN; ++j) {
+            dot[j] = V::dpbusd(dot[j], q[k], V::set1((int) load_u32(p[j] + at + 4 * k)));
+        }
+    }
+    for (int j = 0; j < RN; ++j) {
+        isum[j] = V::add(isum[j], V::mullo(dot[j], sc));
+    }
+#else
+    // column after column (AVX2's 16 registers: interleaving them measured 1.06-1.33x slower at B = 4..16), the
+    // maddubs pair sums |q*p + q*p| <= 2 * MAX_Q * 128 of CHUNK steps summed in int16, then scaled by madd
+    (void) sc;
+    constexpr int CHUNK = 32767 / (2 * MAX_Q * 128) < N ? 32767 / (2 * MAX_Q * 128) : N;
+    for (int j = 0; j < RN; ++j) {
+        for (int k0 = 0; k0 < N; k0 += CHUNK) {
+            __m256i s16 = _mm256_maddubs_epi16(q[k0], _mm256_set1_epi32((int) load_u32(p[j] + at + 4 * k0)));
+            for (int k = k0 + 1; k < k0 + CHUNK && k < N; ++k) {
+                s16 = _mm256_add_epi16(
+                    s16, _mm256_maddubs_epi16(q[k], _mm256_set1_epi32((int) load_u32(p[j] + at + 4 * k))));
+            }
+            isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(s16, sc16));
+        }
+    }
+#endif
+}
 
 // Format::columns' start: the quants of block b of columns j0..j0+RN, and their integer sums at zero
 template <class V, class Format, int RN>
@@ -229,9 +248,11 @@ struct KTraits {
     static KScale column_scale(const block_q8_K & y) { return q8_k_column_scale(y); }
 };
 
-// measured (lab/cpu_matmul_cost.py): row-major wins up to 3 columns of Q4_K / Q5_K
+// row-major for one column only: with the columns of a tile stepped together the transposed tile wins from 2
+// (16384 x 1024 weights, 1 thread, in-process A/B: Q4_K 0.84x / 0.66x the row-major time at B = 2 / 3 on
+// AVX-512, 0.75x / 0.63x on AVX2; Q5_K 0.80-0.91x)
 template <class Self, typename WeightBlock, int QMAX>
-struct K4Format : KTraits<WeightBlock, K4PackedT, 3> {
+struct K4Format : KTraits<WeightBlock, K4PackedT, 1> {
     using Block = WeightBlock;
     static DFLASH_INLINE float finish_row(const Block & x, int32_t isum, int32_t msum, const KScale & c, float acc) {
         ggml_half d[2];   // d, dmin: the two fp16 that open the block
@@ -248,16 +269,18 @@ struct K4Format : KTraits<WeightBlock, K4PackedT, 3> {
     template <int RN, class V>
     static DFLASH_INLINE void columns(const K4PackedT<V> & w, const Activations<Self> & a, int64_t b, int64_t j0,
                                       typename V::F * acc) {
+        if constexpr (RN > COLUMN_CHUNK) {
+            columns<COLUMN_CHUNK, V>(w, a, b, j0, acc);
+            columns<RN - COLUMN_CHUNK, V>(w, a, b, j0 + COLUMN_CHUNK, acc + COLUMN_CHUNK);
+            return;
+        }
         const int8_t * p[RN];
         typename V::I isum[RN];
         start_columns<V>(a, b, j0, p, isum);
         for (int g = 0; g < GROUPS; ++g) {
             const typename V::I sc16 = pair16<V>(w.sc[g], w.sc[g]);
             for (int k = 0; k < 8; k += STEP_GROUPS) {
-                for (int j = 0; j < RN; ++j) {
-                    isum[j] = add_scaled_dot<QMAX, STEP_GROUPS, V>(isum[j], w.q[g] + k, p[j] + 32 * g + 4 * k, w.sc[g],
-                                                                   sc16);
-                }
+                add_scaled_dots<RN, STEP_GROUPS, QMAX, V>(isum, w.q[g] + k, p, 32 * g + 4 * k, w.sc[g], sc16);
             }
         }
         for (int j = 0; j < RN; ++j) {
@@ -364,8 +387,14 @@ DFLASH_INLINE typename V::I q6_group(typename V::I l, typename V::I h, int t) {
     return V::or_(lo, V::and_(hi, V::set1_8(0x30)));
 }
 
-// measured: up to 4 columns of Q6_K, whose transposed unpack (6-bit quants from two places) costs more
-struct Q6_K : KTraits<block_q6_K, K6PackedT, 4> {
+// Q6_K's transposed unpack (6-bit quants from two places) costs more: row-major up to 3 columns with VNNI, 4
+// without (same A/B: transposed at B = 2 / 4 took 1.10x / 0.88x on AVX-512, 1.18x / 1.17x on AVX2)
+#if DFLASH_CPU_GEMM_VNNI
+constexpr int64_t Q6_K_ROWWISE_MAX = 3;
+#else
+constexpr int64_t Q6_K_ROWWISE_MAX = 4;
+#endif
+struct Q6_K : KTraits<block_q6_K, K6PackedT, Q6_K_ROWWISE_MAX> {
     static DFLASH_INLINE float finish_row(const block_q6_K & x, int32_t isum, int32_t, const KScale & c, float acc) {
         return finish_k_row<false>(isum, 0, x.d, x.d, c, acc);
     }
@@ -411,16 +440,18 @@ struct Q6_K : KTraits<block_q6_K, K6PackedT, 4> {
     template <int RN, class V>
     static DFLASH_INLINE void columns(const K6PackedT<V> & w, const Activations<Q6_K> & a, int64_t b, int64_t j0,
                                       typename V::F * acc) {
+        if constexpr (RN > COLUMN_CHUNK) {
+            columns<COLUMN_CHUNK, V>(w, a, b, j0, acc);
+            columns<RN - COLUMN_CHUNK, V>(w, a, b, j0 + COLUMN_CHUNK, acc + COLUMN_CHUNK);
+            return;
+        }
         const int8_t * p[RN];
         typename V::I isum[RN];
         start_columns<V>(a, b, j0, p, isum);
         for (int g = 0; g < GROUPS; ++g) {
             for (int half = 0; half < 2; ++half) {
                 const typename V::I sc = half ? w.sc_hi[g] : w.sc_lo[g];
-                const typename V::I sc16 = pair16<V>(sc, sc);
-                for (int j = 0; j < RN; ++j) {
-                    isum[j] = add_scaled_dot<63, 4, V>(isum[j], w.q[g] + 4 * half, p[j] + 32 * g + 16 * half, sc, sc16);
-                }
+                add_scaled_dots<RN, 4, 63, V>(isum, w.q[g] + 4 * half, p, 32 * g + 16 * half, sc, pair16<V>(sc, sc));
             }
         }
         typename V::I sc_pair[GROUPS];   // scales of halves 2g, 2g + 1 as two int16
@@ -476,9 +507,87 @@ struct Q6_K : KTraits<block_q6_K, K6PackedT, 4> {
     }
 };
 
+// ---- Q8_K activations ----
+// ggml quantizes the activations of every K-quant product with quantize_row_q8_K_ref (scalar on x86: ~3 % of a
+// verify of the ~2B Q4_K_M shape). The same steps in vectors, bit for bit: amax the largest |x| (NaN never
+// chosen), `max` the first x of that magnitude, iscale = -127 / max, each q the low byte of
+// MIN(127, nearest_int(iscale * x)) with ggml's nearest_int (its 1.5 * 2^23 trick, not the CPU's rounding, so
+// that non-finite input gives ggml's bytes too), d = 1 / iscale. An all-zero block gets d = 0, zero quants and
+// zero bsums (ggml leaves its bsums as the buffer held them; d = 0 makes them count for nothing).
+
+DFLASH_INLINE float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+void quantize_q8_k_block(const float * x, block_q8_K & y) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < QK_K; j += 8) {   // max_ps(a, m) keeps m where a is NaN
+        m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), magnitude), m);
+    }
+    const float amax = hmax8(m);
+    if (amax == 0.0f) {
+        y.d = 0.0f;
+        memset(y.qs, 0, sizeof y.qs);
+        memset(y.bsums, 0, sizeof y.bsums);
+        return;
+    }
+    float max = 0.0f;
+    for (int j = 0; j < QK_K; j += 8) {
+        const __m256 v = _mm256_loadu_ps(x + j);
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v, magnitude), _mm256_set1_ps(amax), _CMP_EQ_OQ));
+        if (hit != 0) {
+            max = x[j + __builtin_ctz((unsigned) hit)];
+            break;
+        }
+    }
+    const float iscale = -127.f / max;
+    const __m256 scale = _mm256_set1_ps(iscale);
+    const __m256 magic = _mm256_set1_ps(12582912.f);
+    const __m256i mantissa = _mm256_set1_epi32(0x007fffff), offset = _mm256_set1_epi32(0x00400000);
+    const __m256i top = _mm256_set1_epi32(127), low_byte = _mm256_set1_epi32(0xFF);
+    for (int j = 0; j < QK_K; j += 32) {
+        __m256i v[4];
+        for (int t = 0; t < 4; ++t) {
+            const __m256 biased = _mm256_add_ps(_mm256_mul_ps(scale, _mm256_loadu_ps(x + j + 8 * t)), magic);
+            const __m256i rounded = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(biased), mantissa), offset);
+            v[t] = _mm256_and_si256(_mm256_min_epi32(rounded, top), low_byte);
+        }
+        // unsigned packs of values in 0..255 keep them as they are; the lane order is fixed by the permute
+        const __m256i w01 = _mm256_packus_epi32(v[0], v[1]), w23 = _mm256_packus_epi32(v[2], v[3]);
+        const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(w01, w23),
+                                                          _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *) (y.qs + j), bytes);
+    }
+    for (int h = 0; h < QK_K / 16; ++h) {
+        const __m128i q16 = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *) (y.qs + 16 * h)));
+        const __m128i q16b = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *) (y.qs + 16 * h + 8)));
+        __m128i s = _mm_madd_epi16(_mm_add_epi16(q16, q16b), _mm_set1_epi16(1));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+        y.bsums[h] = (int16_t) _mm_cvtsi128_si32(s);
+    }
+    y.d = 1 / iscale;
+}
+
 }  // namespace
 
 #endif  // DFLASH_CPU_GEMM_X86
+
+bool quantize_q8_k(const float * x, void * y, int64_t k) {
+#if DFLASH_CPU_GEMM_X86
+    block_q8_K * out = (block_q8_K *) y;
+    for (int64_t i = 0; i < k / QK_K; ++i) {
+        quantize_q8_k_block(x + i * QK_K, out[i]);
+    }
+    return true;
+#else
+    (void) x; (void) y; (void) k;
+    return false;
+#endif
+}
 
 DFLASH_CPU_GEMM_ENTRY(gemm_q4_k, Q4_K)
 DFLASH_CPU_GEMM_ENTRY(gemm_q5_k, Q5_K)
