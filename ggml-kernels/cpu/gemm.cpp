@@ -115,6 +115,7 @@ extern "C" bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols) {
         case GGML_TYPE_Q4_1:
         case GGML_TYPE_Q5_0:
         case GGML_TYPE_Q8_0:
+        case GGML_TYPE_IQ4_NL:
         case GGML_TYPE_Q4_K:
         case GGML_TYPE_Q5_K:
         case GGML_TYPE_Q6_K:
@@ -144,6 +145,7 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_1, gemm_q4_1)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_0, gemm_q5_0)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q8_0, gemm_q8_0)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ4_NL, gemm_iq4_nl)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_K, gemm_q4_k)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_K, gemm_q5_k)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q6_K, gemm_q6_k)

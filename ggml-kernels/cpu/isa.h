@@ -21,6 +21,7 @@
     DFLASH_CPU_QUANT_GEMM(gemm_q4_1)                                                                           \
     DFLASH_CPU_QUANT_GEMM(gemm_q5_0)                                                                           \
     DFLASH_CPU_QUANT_GEMM(gemm_q8_0)                                                                           \
+    DFLASH_CPU_QUANT_GEMM(gemm_iq4_nl)                                                                         \
     DFLASH_CPU_QUANT_GEMM(gemm_q4_k)                                                                           \
     DFLASH_CPU_QUANT_GEMM(gemm_q5_k)                                                                           \
     DFLASH_CPU_QUANT_GEMM(gemm_q6_k)                                                                           \

@@ -14,13 +14,6 @@ namespace DFLASH_CPU_VARIANT {
 
 namespace {
 
-// a block's 32 nibbles in value order (value k: low nibble of byte k, value k + 16: high nibble of byte k)
-DFLASH_INLINE __m256i nibbles_in_order(const uint8_t * qs) {
-    const __m128i x = _mm_loadu_si128((const __m128i *) qs);
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), low4), _mm_and_si128(x, low4));
-}
-
 template <class Self, typename WeightBlock, int QMAX, int OFFSET>
 struct Offset32 : Format32<Self, WeightBlock, block_q8_0, QMAX, false> {
     using Block = WeightBlock;

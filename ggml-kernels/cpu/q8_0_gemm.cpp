@@ -1,4 +1,4 @@
-// dflash-gguf: Q8_0 weights x Q8_0 activations (see tile_gemm.h).
+// dflash-gguf: Q8_0 and IQ4_NL weights x Q8_0 activations (see tile_gemm.h).
 //
 // w = d * q with q in -128..127, a = d_a * p with p in -127..127 (ggml's quantize_row_q8_0). Two ways
 // to the exact integer sums sum(q * p) of a block, one float step after them (block_fma), so every
@@ -20,7 +20,12 @@ namespace DFLASH_CPU_VARIANT {
 
 namespace {
 
-struct Q8_0 : Format32<Q8_0, block_q8_0, block_q8_0, 255, false> {
+// Weights that are signed bytes per block of 32, one fp16 scale d opening the block: Q8_0's quants, and IQ4_NL's
+// after its table lookup. Self::row_values gives a row's 32 signed values in order, Self::transposed_values a
+// tile's block transposed into lanes (see PackedBlock).
+template <class Self, typename WeightBlock>
+struct Signed32 : Format32<Self, WeightBlock, block_q8_0, 255, false> {
+    using Block = WeightBlock;
 #if DFLASH_CPU_GEMM_VNNI
     static constexpr bool TILED = true;
     static constexpr int64_t ROWWISE_MAX = 1;
@@ -32,19 +37,18 @@ struct Q8_0 : Format32<Q8_0, block_q8_0, block_q8_0, 255, false> {
     static ColumnScale column_scale(const block_q8_0 & y) { return q8_0_column_scale(y, 128); }
 
     // d of the 8 rows' blocks, lane r = row r
-    static DFLASH_INLINE __m256 row_scales(const block_q8_0 * (&r)[TILE_ROWS]) {
+    static DFLASH_INLINE __m256 row_scales(const Block * (&r)[TILE_ROWS]) {
         return load_lanes_f16(r, 0);
     }
 
     // exact sum(q * p) of the 8 rows' blocks with one activation block p, lane r = row r
-    static DFLASH_INLINE __m256i dot_rows(const block_q8_0 * (&r)[TILE_ROWS], const int8_t * p,
-                                          const ColumnScale & c) {
+    static DFLASH_INLINE __m256i dot_rows(const Block * (&r)[TILE_ROWS], const int8_t * p, const ColumnScale & c) {
         const __m256i pv = _mm256_loadu_si256((const __m256i *) p);
         __m256i v[TILE_ROWS];
 #if DFLASH_CPU_GEMM_VNNI
         const __m256i flip = _mm256_set1_epi8((char) 0x80);   // q + 128 as unsigned bytes
         for (int i = 0; i < TILE_ROWS; ++i) {
-            const __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *) r[i]->qs), flip);
+            const __m256i q = _mm256_xor_si256(Self::row_values(*r[i]), flip);
             v[i] = DFLASH_DPBUSD(_mm256_setzero_si256(), q, pv);
         }
         return _mm256_sub_epi32(sum_lanes(v), _mm256_set1_epi32(c.bias));
@@ -52,7 +56,7 @@ struct Q8_0 : Format32<Q8_0, block_q8_0, block_q8_0, 255, false> {
         (void) c;
         const __m256i ones = _mm256_set1_epi16(1);
         for (int i = 0; i < TILE_ROWS; ++i) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *) r[i]->qs);
+            const __m256i q = Self::row_values(*r[i]);
             const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(pv, q));
             v[i] = _mm256_madd_epi16(pairs, ones);
         }
@@ -61,15 +65,13 @@ struct Q8_0 : Format32<Q8_0, block_q8_0, block_q8_0, 255, false> {
     }
 
 #if DFLASH_CPU_GEMM_VNNI
-    // Block b of a tile, transposed into lanes (see PackedBlock): an 8x8 transpose of 32-bit groups.
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
-        const block_q8_0 * r[TILE_ROWS];
+        const Block * r[TILE_ROWS];
         t.rows(b, r);
-        __m256i g[TILE_ROWS];
-        load_transposed(r, offsetof(block_q8_0, qs), g);
+        Self::transposed_values(r, out);
         const __m256i flip = _mm256_set1_epi8((char) 0x80);   // q + 128 as unsigned bytes
         for (int k = 0; k < TILE_ROWS; ++k) {
-            out.q[k] = _mm256_xor_si256(g[k], flip);
+            out.q[k] = _mm256_xor_si256(out.q[k], flip);
         }
         out.d = row_scales(r);
         out.m = _mm256_setzero_ps();
@@ -77,11 +79,39 @@ struct Q8_0 : Format32<Q8_0, block_q8_0, block_q8_0, 255, false> {
 #endif
 };
 
+struct Q8_0 : Signed32<Q8_0, block_q8_0> {
+    static DFLASH_INLINE __m256i row_values(const block_q8_0 & x) {
+        return _mm256_loadu_si256((const __m256i *) x.qs);
+    }
+    // an 8x8 transpose of 32-bit groups
+    static DFLASH_INLINE void transposed_values(const block_q8_0 * (&r)[TILE_ROWS], PackedBlock & out) {
+        load_transposed(r, offsetof(block_q8_0, qs), out.q);
+    }
+};
+
+// IQ4_NL (ggml's dequantize_row_iq4_nl): w = d * kvalues_iq4nl[q] with q a nibble, in Q4_0's order (value k the low
+// nibble of byte k, value k + 16 its high nibble); a byte shuffle looks the 16 signed values up
+struct IQ4_NL : Signed32<IQ4_NL, block_iq4_nl> {
+    static DFLASH_INLINE __m256i lookup(__m256i nibbles) {
+        const __m256i values = _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+                                                -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+        return _mm256_shuffle_epi8(values, nibbles);
+    }
+    static DFLASH_INLINE __m256i row_values(const block_iq4_nl & x) { return lookup(nibbles_in_order(x.qs)); }
+    static DFLASH_INLINE void transposed_values(const block_iq4_nl * (&r)[TILE_ROWS], PackedBlock & out) {
+        unpack_nibbles32(r, offsetof(block_iq4_nl, qs), out);
+        for (int k = 0; k < TILE_ROWS; ++k) {
+            out.q[k] = lookup(out.q[k]);
+        }
+    }
+};
+
 }  // namespace
 
 #endif  // DFLASH_CPU_GEMM_X86
 
 DFLASH_CPU_GEMM_ENTRY(gemm_q8_0, Q8_0)
+DFLASH_CPU_GEMM_ENTRY(gemm_iq4_nl, IQ4_NL)
 
 }  // namespace DFLASH_CPU_VARIANT
 }  // namespace dflash_cpu

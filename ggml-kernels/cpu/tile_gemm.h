@@ -263,6 +263,13 @@ DFLASH_INLINE void unpack_nibbles32(const Row * const (&r)[TILE_ROWS], size_t of
     }
 }
 
+// a block's 32 nibbles in value order (value k: low nibble of byte k, value k + 16: high nibble of byte k)
+DFLASH_INLINE __m256i nibbles_in_order(const uint8_t * qs) {
+    const __m128i x = _mm_loadu_si128((const __m128i *) qs);
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), low4), _mm_and_si128(x, low4));
+}
+
 // sum of each 32-bit lane of 8 vectors, one lane per vector: lane r = sum of v[r]'s 8 lanes
 DFLASH_INLINE __m256i sum_lanes(const __m256i (&v)[TILE_ROWS]) {
     const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]);
