@@ -1,7 +1,7 @@
 """Our CPU kernels (ggml-kernels/cpu, wired in by patches/0003) against references, through ggml itself.
 
 Every product runs as a ggml MUL_MAT in `ggml_graph_compute`, i.e. through the dispatch a model's
-decode uses. Random Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K, F16 and F32 weights (quantized by ggml) times
+decode uses. Random Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS, F16 and F32 weights (quantized by ggml) times
 random activations of B = 1..16 columns and one wide batch, for shapes whose rows are not a multiple of the
 tiles and K from 32 to 1536, on every instruction-set variant this CPU runs (an AVX-512 machine runs the AVX2
 variant too):
@@ -34,10 +34,10 @@ from lab.matmul_probe import MatmulProbe
 
 BATCHES = list(range(1, 17)) + [40]     # 40: wider than one pass on AVX2 and on AVX-512
 NMSE_VS_F32 = 5e-4                      # test-backend-ops' MUL_MAT tolerance
-QUANTIZED = ["q4_0", "q4_1", "q5_0", "q8_0", "iq4_nl", "q4_k", "q5_k", "q6_k"]
+QUANTIZED = ["q4_0", "q4_1", "q5_0", "q8_0", "iq4_nl", "q4_k", "q5_k", "q6_k", "iq4_xs"]
 TYPES = QUANTIZED + ["f16", "f32"]
 NMSE_VS_STOCK = {t: 1e-9 for t in QUANTIZED} | {"f16": 1e-5, "f32": 1e-9}
-BLOCK = {"q4_k": 256, "q5_k": 256, "q6_k": 256, "f16": 1, "f32": 1}      # weights per block (32 for the rest)
+BLOCK = {"q4_k": 256, "q5_k": 256, "q6_k": 256, "iq4_xs": 256, "f16": 1, "f32": 1}      # weights per block (32 for the rest)
 # (n_rows, k, threads): rows not a multiple of the 8-row tiles, one and several blocks per row
 SHAPES = [(100, 576, 2), (37, 1536, 2), (13, 32, 1), (576, 576, 1), (11, 44, 2), (21, 512, 2), (9, 256, 1)]
 CASES = [(t, *shape) for t in TYPES for shape in SHAPES if shape[1] % BLOCK.get(t, 32) == 0]
@@ -170,8 +170,8 @@ def test_isa_none_is_ggmls_own_path(native, kernels, weight_type):
 
 
 # Types our kernels do not cover: ggml's own paths, kept width-independent by patches/0010 (tinyBLAS for Q5_1,
-# BF16; the tiled K-quant matmul for Q2_K / Q3_K / IQ4_XS; the repacked 4-column gemm for Q2_K)
-UNCOVERED = ["q5_1", "q2_k", "q3_k", "iq4_xs", "bf16"]
+# BF16; the tiled K-quant matmul for Q2_K / Q3_K; the repacked 4-column gemm for Q2_K)
+UNCOVERED = ["q5_1", "q2_k", "q3_k", "bf16"]
 
 
 @pytest.mark.parametrize("weight_type", UNCOVERED)

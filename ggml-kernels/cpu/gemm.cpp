@@ -119,6 +119,7 @@ extern "C" bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols) {
         case GGML_TYPE_Q4_K:
         case GGML_TYPE_Q5_K:
         case GGML_TYPE_Q6_K:
+        case GGML_TYPE_IQ4_XS:
         case GGML_TYPE_F16:
         case GGML_TYPE_F32:
             return true;
@@ -149,6 +150,7 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_K, gemm_q4_k)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_K, gemm_q5_k)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q6_K, gemm_q6_k)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ4_XS, gemm_iq4_xs)
         default:
             return false;
     }

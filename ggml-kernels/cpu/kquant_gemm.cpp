@@ -1,4 +1,4 @@
-// dflash-gguf: Q4_K, Q5_K and Q6_K weights x Q8_K activations (see tile_gemm.h).
+// dflash-gguf: Q4_K, Q5_K, Q6_K and IQ4_XS weights x Q8_K activations (see tile_gemm.h).
 //
 // ggml's definitions (dequantize_row_q4_K / _q5_K / _q6_K), per super-block of 256 weights:
 // - Q4_K / Q5_K: 8 groups of 32, w = d * sc_g * q - dmin * m_g with q in 0..15 (Q5_K: 0..31, the fifth
@@ -507,6 +507,124 @@ struct Q6_K : KTraits<block_q6_K, K6PackedT, Q6_K_ROWWISE_MAX> {
     }
 };
 
+// ---- IQ4_XS ----
+// ggml's dequantize_row_iq4_xs: 8 groups of 32 per super-block, w = d * (ls_g - 32) * kvalues_iq4nl[q] with q a
+// nibble (group g: bytes 16g..16g+15 of qs, low nibbles its values 0..15, high ones 16..31, as IQ4_NL) and ls_g
+// six bits: the low four in nibble g of scales_l, the high two in bits 2g, 2g + 1 of scales_h. Per row, super-block
+// and column one exact integer isum = sum_g (ls_g - 32) * sum(v * p) (|isum| < 2^28), then one float step:
+// acc += isum * (d * d_a). The transposed tile (VNNI) takes v + 128 in its unsigned x signed steps and subtracts
+// 128 * sum_g sc_g * sum(p); the row-major path takes maddubs(|v|, sign(p, v)) (pairs within int16), for one
+// column with VNNI and for every width without (v + 128 would overflow AVX2's int16 pairs).
+
+DFLASH_INLINE __m256i iq4_values(__m256i nibbles) {
+    const __m256i table = _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+                                           -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+    return _mm256_shuffle_epi8(table, nibbles);
+}
+
+// ls_g - 32 of one row's super-block
+DFLASH_INLINE int iq4_xs_scale(const block_iq4_xs & x, int g) {
+    const int low = (x.scales_l[g / 2] >> (4 * (g % 2))) & 0xF;
+    const int high = (x.scales_h >> (2 * g)) & 3;
+    return (low | (high << 4)) - 32;
+}
+
+#if DFLASH_CPU_GEMM_VNNI
+constexpr int64_t IQ4_XS_ROWWISE_MAX = 1;
+#else
+constexpr int64_t IQ4_XS_ROWWISE_MAX = INT64_MAX;
+#endif
+
+struct IQ4_XS : KTraits<block_iq4_xs, K4PackedT, IQ4_XS_ROWWISE_MAX> {
+#if !DFLASH_CPU_GEMM_VNNI
+    static constexpr bool TILED = false;
+#endif
+    static DFLASH_INLINE float finish_row(const block_iq4_xs & x, int32_t isum, int32_t, const KScale & c, float acc) {
+        return finish_k_row<false>(isum, 0, x.d, x.d, c, acc);
+    }
+    template <class V = V8>
+    static DFLASH_INLINE typename V::F finish(typename V::I isum, typename V::I msum, const KRowScalesT<V> & rs,
+                                              const KScale & c, typename V::F acc) {
+        return finish_k<false, V>(isum, msum, rs, c, acc);
+    }
+
+#if DFLASH_CPU_GEMM_VNNI
+    // lanes = rows: q[g][k] the group's values 4k..4k+3 plus 128, sc[g] = ls_g - 32, m_pair the scales of groups
+    // 2k, 2k + 1 as two int16 (for the 128 * sum(p) term)
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K4Packed & out) {
+        using V = V8;
+        const TileRows<block_iq4_xs> r(t, b);
+        const __m256i low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char) 0x80);
+        for (int g = 0; g < GROUPS; ++g) {
+            __m256i n[4];
+            load_transposed16(r.r, offsetof(block_iq4_xs, qs) + 16 * g, n);
+            for (int k = 0; k < 4; ++k) {
+                out.q[g][k] = _mm256_xor_si256(iq4_values(_mm256_and_si256(n[k], low4)), flip);
+                out.q[g][k + 4] = _mm256_xor_si256(iq4_values(_mm256_and_si256(_mm256_srli_epi16(n[k], 4), low4)), flip);
+            }
+        }
+        const __m256i head = r.lanes_u32(0);                                        // d, scales_h
+        const __m256i low = r.lanes_u32(offsetof(block_iq4_xs, scales_l));         // nibble g: low bits of ls_g
+        for (int g = 0; g < GROUPS; ++g) {
+            const __m256i lo4 = V::and_(V::srli32(low, 4 * g), V::set1(0xF));
+            const __m256i hi2 = V::and_(V::srli32(head, 16 + 2 * g), V::set1(3));
+            out.sc[g] = V::sub(V::or_(lo4, V::slli32(hi2, 4)), V::set1(32));
+        }
+        for (int k = 0; k < GROUPS / 2; ++k) {
+            out.m_pair[k] = pair16<V>(out.sc[2 * k], out.sc[2 * k + 1]);
+        }
+        out.rs = KRowScalesT<V>{r.lanes_f16(0), V::zerof()};
+    }
+
+    template <int RN, class V>
+    static DFLASH_INLINE void columns(const K4PackedT<V> & w, const Activations<IQ4_XS> & a, int64_t b, int64_t j0,
+                                      typename V::F * acc) {
+        if constexpr (RN > COLUMN_CHUNK) {
+            columns<COLUMN_CHUNK, V>(w, a, b, j0, acc);
+            columns<RN - COLUMN_CHUNK, V>(w, a, b, j0 + COLUMN_CHUNK, acc + COLUMN_CHUNK);
+            return;
+        }
+        const int8_t * p[RN];
+        typename V::I isum[RN];
+        start_columns<V>(a, b, j0, p, isum);
+        for (int g = 0; g < GROUPS; ++g) {
+            add_scaled_dots<RN, 8, 255, V>(isum, w.q[g], p, 32 * g, w.sc[g], w.sc[g]);
+        }
+        for (int j = 0; j < RN; ++j) {
+            const KScale & c = *a.scales(b, j0 + j);
+            typename V::I offset = V::zero();
+            for (int k = 0; k < GROUPS / 2; ++k) {
+                offset = V::add(offset, V::madd16(w.m_pair[k], V::set1((int) load_u32(c.s16 + 2 * k))));
+            }
+            acc[j] = finish<V>(V::sub(isum[j], V::template slli<7>(offset)), V::zero(), w.rs, c, acc[j]);
+        }
+    }
+#endif
+
+    template <int RN>
+    static DFLASH_INLINE void row_sums(const block_iq4_xs & x, const int8_t * const (&p)[RN],
+                                       const KScale * const (&)[RN], int32_t (&isum)[RN], int32_t (&msum)[RN]) {
+        __m256i acc[RN];
+        for (int j = 0; j < RN; ++j) {
+            acc[j] = _mm256_setzero_si256();
+        }
+        for (int g = 0; g < GROUPS; ++g) {
+            const __m256i v = iq4_values(nibbles_in_order(x.qs + 16 * g));
+            const __m256i sc16 = _mm256_set1_epi16((short) iq4_xs_scale(x, g));
+            const __m256i magnitude = _mm256_abs_epi8(v);
+            for (int j = 0; j < RN; ++j) {
+                const __m256i pv = _mm256_loadu_si256((const __m256i *) (p[j] + 32 * g));
+                acc[j] = _mm256_add_epi32(acc[j],
+                                          _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(pv, v)), sc16));
+            }
+        }
+        for (int j = 0; j < RN; ++j) {
+            isum[j] = hsum_i32(acc[j]);
+            msum[j] = 0;
+        }
+    }
+};
+
 // ---- Q8_K activations ----
 // ggml quantizes the activations of every K-quant product with quantize_row_q8_K_ref (scalar on x86: ~3 % of a
 // verify of the ~2B Q4_K_M shape). The same steps in vectors, bit for bit: amax the largest |x| (NaN never
@@ -592,6 +710,7 @@ bool quantize_q8_k(const float * x, void * y, int64_t k) {
 DFLASH_CPU_GEMM_ENTRY(gemm_q4_k, Q4_K)
 DFLASH_CPU_GEMM_ENTRY(gemm_q5_k, Q5_K)
 DFLASH_CPU_GEMM_ENTRY(gemm_q6_k, Q6_K)
+DFLASH_CPU_GEMM_ENTRY(gemm_iq4_xs, IQ4_XS)
 
 }  // namespace DFLASH_CPU_VARIANT
 }  // namespace dflash_cpu
