@@ -1,7 +1,7 @@
 """Batch invariance of a whole target on the CPU, bit for bit: the logits of row i of a verify batch
 of B = 2..16 tokens equal those of the same token decoded alone, for the embedded SmolLM2 at each
-precision our kernels cover (Q4_1 with its Q8_0 output head, F16, F32), at Q4_0 and Q4_K_M, which they
-do not, and for Gemma 3 270M Q4_K_M; F16 / F32 / Q8_0 KV caches; a short context and one past 512 cells
+precision (Q4_1 with its Q8_0 output head, F16, F32, Q4_0, Q4_K_M, IQ4_NL, IQ4_XS) and for Gemma 3 270M
+Q4_K_M; F16 / F32 / Q8_0 KV caches; a short context and one past 512 cells
 (where ggml's CPU flash attention used to split a single row's KV over threads). This is what makes
 greedy speculative decoding equal plain decoding on every x86 CPU, not only mostly."""
 
@@ -27,12 +27,13 @@ def _target_file(precision: str):
     return gemma3_270m() if precision == "gemma3" else smollm2(precision)
 
 
-# q4_0 / q4_k_m / gemma3 (Q4_K, Q5_0, Q6_K, Q8_0): types our kernels do not cover, through ggml's width-independent
-# paths (no tinyBLAS, repacked Q4_0 / Q4_K weights through gemv); gemma3 past 512 cells crosses its sliding window
+# q4_0 / q4_k_m / iq4_nl / iq4_xs (IQ4_XS where rows allow, IQ4_NL elsewhere) / gemma3 (Q4_K, Q5_0, Q6_K, Q8_0):
+# the files people download, through our kernels; gemma3 past 512 cells crosses its sliding window
 @pytest.mark.slow
 @pytest.mark.parametrize("precision,kv,n_context", [
     *[(p, kv, n) for p, kv in (("q4_1", "f16"), ("f16", "f16"), ("f32", "f32"), ("q4_1", "q8_0")) for n in (40, 600)],
-    ("q4_0", "f16", 40), ("q4_k_m", "f16", 40), ("gemma3", "f16", 40), ("gemma3", "f16", 600)])
+    ("q4_0", "f16", 40), ("q4_k_m", "f16", 40), ("iq4_nl", "f16", 40), ("iq4_xs", "f16", 40),
+    ("gemma3", "f16", 40), ("gemma3", "f16", 600)])
 def test_verify_rows_equal_single_token_logits(precision, kv, n_context):
     model = Model(_target_file(precision))
     target = Target(model, ContextSettings(n_ctx=1024, n_batch=256, n_ubatch=256, n_threads=2, type_k=kv, type_v=kv),
