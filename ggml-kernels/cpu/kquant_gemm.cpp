@@ -148,6 +148,16 @@ DFLASH_INLINE void add_scaled_dots(typename V::I (&isum)[RN], const typename V::
 #endif
 }
 
+// sum_g m_g * sum(p over group g) of one column, lanes = rows; m_pair holds m of groups 2k, 2k + 1 as two int16
+template <class V>
+DFLASH_INLINE typename V::I group_sums_times(const typename V::I (&m_pair)[GROUPS / 2], const KScale & c) {
+    typename V::I sum = V::zero();
+    for (int k = 0; k < GROUPS / 2; ++k) {
+        sum = V::add(sum, V::madd16(m_pair[k], V::set1((int) load_u32(c.s16 + 2 * k))));
+    }
+    return sum;
+}
+
 // Format::columns' start: the quants of block b of columns j0..j0+RN, and their integer sums at zero
 template <class V, class Format, int RN>
 DFLASH_INLINE void start_columns(const Activations<Format> & a, int64_t b, int64_t j0, const int8_t * (&p)[RN],
@@ -285,11 +295,7 @@ struct K4Format : KTraits<WeightBlock, K4PackedT, 1> {
         }
         for (int j = 0; j < RN; ++j) {
             const KScale & c = *a.scales(b, j0 + j);
-            typename V::I msum = V::zero();
-            for (int k = 0; k < GROUPS / 2; ++k) {
-                msum = V::add(msum, V::madd16(w.m_pair[k], V::set1((int) load_u32(c.s16 + 2 * k))));
-            }
-            acc[j] = finish<V>(isum[j], msum, w.rs, c, acc[j]);
+            acc[j] = finish<V>(isum[j], group_sums_times<V>(w.m_pair, c), w.rs, c, acc[j]);
         }
     }
 
@@ -592,10 +598,7 @@ struct IQ4_XS : KTraits<block_iq4_xs, K4PackedT, IQ4_XS_ROWWISE_MAX> {
         }
         for (int j = 0; j < RN; ++j) {
             const KScale & c = *a.scales(b, j0 + j);
-            typename V::I offset = V::zero();
-            for (int k = 0; k < GROUPS / 2; ++k) {
-                offset = V::add(offset, V::madd16(w.m_pair[k], V::set1((int) load_u32(c.s16 + 2 * k))));
-            }
+            const typename V::I offset = group_sums_times<V>(w.m_pair, c);   // / 128 of the v + 128 term
             acc[j] = finish<V>(V::sub(isum[j], V::template slli<7>(offset)), V::zero(), w.rs, c, acc[j]);
         }
     }
