@@ -99,12 +99,13 @@ def register(app: typer.Typer) -> None:
         from .run import run, run_adapt
         if adapt is not None:
             record, work = run_adapt(validate(resolved(given)))
-            b, a = record["tau_before"], record["tau_after"]
+            b, a, kept = record["tau_before"], record["tau_after"], record["kept"]
             typer.echo(f"{out}: τ on {record['recorded_held_back']} held-back recorded requests "
                        f"{b['held_back']:.2f} → {a['held_back']:.2f}; on the general set {b['general']:.2f} → {a['general']:.2f} "
-                       f"({record['recorded_train']} recorded + {record['replayed']} replayed sequences, "
-                       f"{record['labelled_rows']:,} labelled rows, {record['minutes']} min); work dir: {work} "
-                       f"(--resume {work})")
+                       f"(the best of {len(record['checkpoints'])} checkpoints, after {kept['train_minutes']:.1f} "
+                       f"training minutes; {record['recorded_train']} recorded + {record['replayed']} replayed "
+                       f"sequences, {record['labelled_rows']:,} labelled rows, {record['minutes']} min); "
+                       f"work dir: {work} (--resume {work})")
             return
         record, work = run(validate(resolved(given)))
         typer.echo(f"{out}: validation τ estimate {record['val_tau_estimate']:.2f} "
