@@ -168,6 +168,7 @@ class Yardstick:
     def __init__(self, target: Path, held: list[Conversation], general: list[dict], s: AdaptSettings):
         self.target, self.s = target, s
         self.rows = [{"category": "held_back", "id": c.shard.name, "tokens": c.prompt} for c in held[:s.eval_held_back]]
+        self.n_held_back = len(self.rows)
         self.rows += [{**r, "category": f"general:{r.get('category', 'chat')}"} for r in general]
         self.conts = None
 
@@ -244,9 +245,9 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
         raise UserError(f"-md {drafter}: its vocabulary ({src.config.vocab_size}) is not the target's "
                         f"({target.n_vocab})")
     pool, general = prompt_sets(s.prompts, s.eval_per_category, s.seed)
-    print(f"adapting {drafter.name} on {len(train)} recorded requests (+{round(s.replay * len(train))} replayed), "
-          f"{len(held)} held back to measure", file=sys.stderr)
     yardstick = Yardstick(target.path, held, general, s)
+    print(f"adapting {drafter.name} on {len(train)} recorded requests (+{round(s.replay * len(train))} replayed), "
+          f"{len(held)} held back ({yardstick.n_held_back} measured)", file=sys.stderr)
     key = json.dumps([file_tag(drafter)[1], [r.get("id") for r in yardstick.rows], s.eval_tokens])
     before = _measured_once(work / "tau-before.json", key, lambda: yardstick.tau(drafter))
     print(f"τ before: held back {before['held_back']}, general {before['general']}", file=sys.stderr)
@@ -254,7 +255,8 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
     data, n_replay = prepare_data(target, src.config, pool, train, work, s, deadline)
     seconds = _training_seconds(work, deadline, resume, s.minutes)
     base = {"adapted_from": init_record(drafter, src.train_metadata), "store": store_dir.name,
-            "recorded_train": len(train), "recorded_held_back": len(held), "replayed": n_replay,
+            "recorded_train": len(train), "recorded_held_back": len(held), "held_back_measured": yardstick.n_held_back,
+            "replayed": n_replay,
             "adapt_settings": {k: [str(x) for x in v] if k == "prompts" else v if k != "replay_dir" else None
                                for k, v in asdict(s).items()}}
     choice = CheckpointChoice.resumed(work / "checkpoint-taus.json", before["held_back"], resume)
@@ -267,7 +269,7 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
     trainer = continued_trainer(target, src, str(drafter), data, work, s, seconds, resume)
     result = train_choosing(trainer, work, seconds, s.checkpoints, choice, measure)
     best = work / "best.gguf"
-    refusal = None if choice.improved else not_better(out, drafter, choice, len(held))
+    refusal = None if choice.improved else not_better(out, drafter, choice, yardstick.n_held_back)
     record = base | training_record(trainer, result) | {
         "tau_before": before, "checkpoints": choice.measured, "kept": choice.best,
         "tau_after": yardstick.tau(best) if choice.best else None,       # the kept one's, written or not

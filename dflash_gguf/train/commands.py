@@ -103,7 +103,7 @@ def register(app: typer.Typer) -> None:
         if adapt is not None:
             record, work = run_adapt(validate(resolved(given)))
             b, a, kept = record["tau_before"], record["tau_after"], record["kept"]
-            typer.echo(f"{out}: τ on {record['recorded_held_back']} held-back recorded requests "
+            typer.echo(f"{out}: τ on {record['held_back_measured']} held-back recorded requests "
                        f"{b['held_back']:.2f} → {a['held_back']:.2f}; on the general set {b['general']:.2f} → {a['general']:.2f} "
                        f"(the best of {len(record['checkpoints'])} checkpoints, after {kept['train_minutes']:.1f} "
                        f"training minutes; {record['recorded_train']} recorded + {record['replayed']} replayed "
