@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
 """One person's traffic through the real server, then `train --adapt`, then τ and speed before and after.
 
-Per domain (prompts of the shipped set's held-back part that the shipped drafter never saw, filtered by source):
+Per domain (prompts of the shipped set's held-back part that the shipped drafter never saw, filtered by source;
+a persona domain sends them as a desktop app would: the same system prompt, with a fixed answer format, every time):
   play     `dflash-gguf serve --learn STORE` answers --conversations prompts over HTTP (chat or completions, greedy,
            --max-tokens each); the server is then killed with SIGKILL while one more request runs (the store
            must still be readable); resumes where the store stops
   adapt    `dflash-gguf train --adapt STORE -md <shipped drafter> -o <work>/adapted.gguf --max-minutes M`
-           (resumable: --resume)
+           (resumable: --resume); it writes the checkpoint with the best held-back τ, or nothing if none beats
+           the shipped drafter: the harness measures that best checkpoint (<work>/adapt/best.gguf) either way
+           and says whether it was written
   measure  τ as `bench --tau` measures it (bench.tau.measure_taus: both drafters along the same greedy
-           continuations) on --test other prompts of the domain and on ../shared/prompts (first --shared per
-           category); `bench --baselines plain,hybrid` speedup on --speedup of the domain's test prompts
+           continuations) on --test other prompts of the domain (a persona's with its system prompt) and on
+           ../shared/prompts (first --shared per category, no system prompt); `bench --baselines plain,hybrid`
+           speedup on --speedup of the domain's test prompts (not for personas: bench prompts have no system turn);
+           greedy output with the best checkpoint against plain decoding on --greedy test prompts
 Everything runs on the embedded default (SmolLM2-135M-Instruct Q4_1 + the shipped drafter). Results go to
 <work>/<domain>/result.json and a markdown table on stdout. ../shared/prompts is measured, never trained on.
 
   nice -n 19 lab/learn_harness.py --domain debian --domain scipy --conversations 300 --test 50 --adapt-minutes 30
+  nice -n 19 lab/learn_harness.py --domain debian-helper --stop-after play     # record now, adapt later
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -44,24 +52,59 @@ DOMAINS = {
 ADAPT_GENERAL_MOST = 5                # train --adapt's general set: at most its default per category
 
 
+@dataclass(frozen=True)
+class Persona:
+    """A desktop app's assistant: one system prompt with a fixed answer format, sent with every request."""
+    domain: str                          # whose held-back prompts the user asks
+    system: str
+    asks: Callable[[dict], bool]         # the prompts this user would send
+    user_turn: Callable[[dict], str]     # the prompt as the user types it
+
+
+PERSONAS = {
+    "debian-helper": Persona(
+        "debian",
+        "You are DebHelp, the assistant of a Debian desktop app. Answer every question in exactly this format: "
+        "first one ```sh code block with the shell commands to run (apt, dpkg, systemctl, ...), then one line "
+        "that explains what they do. Nothing else.",
+        lambda r: not r["prompt"].startswith("Write"),              # questions, not "write a haiku about ..."
+        lambda r: r["prompt"]),
+    "python-reviewer": Persona(
+        "scipy",
+        "You are PyReview, a code reviewer in a Python IDE. For every snippet, reply in exactly this format: "
+        "the improved code in one ```python code block, then a bullet list of at most three short review points.",
+        lambda r: r.get("format") == "completion" and len(r["prompt"]) <= 2000,   # code snippets, not API questions
+        lambda r: f"Review this code:\n```python\n{r['prompt'].strip()}\n```"),
+}
+
+
 def domain_rows(name: str) -> list[dict]:
-    """The domain's held-back prompts in a fixed order, without train --adapt's general set."""
+    """The domain's held-back prompts in a fixed order, without train --adapt's general set; a persona's as chat
+    messages behind its system prompt."""
+    persona = PERSONAS.get(name)
+    base = persona.domain if persona else name
     rows = load(DEFAULT_PROMPTS)
     general = {r["id"] for r in general_set(rows[HELD_BACK_FROM:], ADAPT_GENERAL_MOST)}
     held = [(i, r) for i, r in enumerate(rows[HELD_BACK_FROM:]) if i not in general]
-    return [{"id": f"prompts-v2:{HELD_BACK_FROM + i}", **r} for i, r in held if r["source"].startswith(DOMAINS[name])]
+    out = [{"id": f"prompts-v2:{HELD_BACK_FROM + i}", **r} for i, r in held if r["source"].startswith(DOMAINS[base])]
+    if persona is None:
+        return out
+    return [{**r, "format": "chat", "messages": [{"role": "system", "content": persona.system},
+                                                 {"role": "user", "content": persona.user_turn(r)}]}
+            for r in out if persona.asks(r)]
 
 
 def cli(*args: object) -> list[str]:
     return [sys.executable, "-m", "dflash_gguf.cli", *map(str, args)]
 
 
-def run(cmd: list[str], log: Path) -> None:
+def run(cmd: list[str], log: Path, allowed: tuple[int, ...] = (0,)) -> int:
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
     with open(log, "a") as f:
         done = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-    if done.returncode:
+    if done.returncode not in allowed:
         raise SystemExit(f"failed ({done.returncode}): {' '.join(cmd)}; see {log}")
+    return done.returncode
 
 
 def free_port() -> int:
@@ -120,7 +163,8 @@ def request(base: str, row: dict, max_tokens: int) -> None:
         body = {"prompt": row["prompt"], "max_tokens": max_tokens, "temperature": 0}
         path = "/v1/completions"
     else:
-        body = {"messages": [{"role": "user", "content": row["prompt"]}], "max_tokens": max_tokens, "temperature": 0}
+        messages = row.get("messages") or [{"role": "user", "content": row["prompt"]}]
+        body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0}
         path = "/v1/chat/completions"
     r = httpx.post(base + path, json=body, timeout=600)
     r.raise_for_status()
@@ -130,13 +174,44 @@ def taus(drafters: list[Path], rows: list[dict], out: Path, a) -> list[dict]:
     """τ of each drafter (`bench --tau`'s measurement) along the same greedy continuations, generated once."""
     if not out.exists():
         from dflash_gguf.bench.tau import measure_taus
-        reports = measure_taus(drafters, smollm2_q4_1(), rows, a.max_tokens, a.threads)
+        reports = measure_taus(drafters, smollm2_q4_1(), rendered(rows), a.max_tokens, a.threads)
         out.write_text(json.dumps([r.to_json() | {"per_prompt": r.per_prompt} for r in reports], indent=1))
     return [{"tau": r["tau"], "tau_overall": r["tau_overall"]} for r in json.loads(out.read_text())]
 
 
-def speedup(drafter: Path, prompts: Path, out: Path, a, log: Path) -> dict | None:
-    if not a.speedup:
+def rendered(rows: list[dict]) -> list[dict]:
+    """Rows with chat `messages` (a persona's) as the prompt tokens the server renders them to; others as they are."""
+    if not any("messages" in r for r in rows):
+        return rows
+    from dflash_gguf.native.wrappers import Model
+    from dflash_gguf.textgen.chat import render_model_chat
+    model = Model(smollm2_q4_1())
+    try:
+        return [{**r, "tokens": model.tokenize(render_model_chat(model, r["messages"]), add_special=False)}
+                if "messages" in r else r for r in rows]
+    finally:
+        model.close()
+
+
+def greedy_equal(drafter: Path, rows: list[dict], a) -> dict:
+    """Greedy speculative decoding with `drafter` against plain decoding, token for token, on `rows`."""
+    from dflash_gguf.engine.sampling import SamplingParams
+    from dflash_gguf.engine.session import Engine
+    from dflash_gguf.settings import EngineSettings
+    engine = Engine(EngineSettings(target=smollm2_q4_1(), drafter=drafter, n_threads=a.threads))
+    try:
+        same = 0
+        for r in rendered(rows):
+            prompt = r["tokens"] if "tokens" in r else engine.target_model.tokenize(r["prompt"], add_special=True)
+            plain = engine.generate(prompt, a.max_tokens, SamplingParams(), speculative=False)
+            same += engine.generate(prompt, a.max_tokens, SamplingParams()).tokens == plain.tokens
+    finally:
+        engine.close()
+    return {"prompts": len(rows), "equal": same}
+
+
+def speedup(name: str, drafter: Path, prompts: Path, out: Path, a, log: Path) -> dict | None:
+    if not a.speedup or name in PERSONAS:
         return None
     if not out.exists():
         run(cli("bench", "-md", drafter, "--prompts", prompts, "-n", a.max_tokens, "-t", a.threads,
@@ -158,43 +233,55 @@ def domain(name: str, a) -> dict:
     speed_file.write_text("".join(json.dumps(r) + "\n" for r in rows[a.conversations:a.conversations + a.speedup]))
     store = work / "store"
     played = play(rows, store, a, log)
+    if a.stop_after == "play":
+        print(f"{name}: {played['recorded']} conversations recorded in {store}", file=sys.stderr)
+        return {}
     shipped = shipped_drafter_for(smollm2_q4_1())
-    adapted = work / "adapted.gguf"
     t0 = time.time()
-    if not adapted.exists():
-        run(cli("train", "--adapt", store, "-m", smollm2_q4_1(), "-md", shipped, "-o", adapted,
+    if not (work / "adapt" / "adapt-record.json").exists():
+        # exit 1: no checkpoint beat the shipped drafter on the held-back requests, so nothing was written
+        run(cli("train", "--adapt", store, "-m", smollm2_q4_1(), "-md", shipped, "-o", work / "adapted.gguf",
                 "--max-minutes", a.adapt_minutes, "-t", a.threads, "--eval-prompts", a.adapt_eval,
                 "--work-dir", work / "adapt",
-                "--resume", work / "adapt"), log)
+                "--resume", work / "adapt"), log, allowed=(0, 1))
     adapt_record = json.loads((work / "adapt" / "adapt-record.json").read_text())
+    adapted = work / "adapt" / "best.gguf"          # the best checkpoint: -o's bytes when it was written
     shared = sorted(SHARED.glob("*.jsonl"))
-    result = {"domain": name, "sources": DOMAINS[name], "played": played,
+    persona = PERSONAS.get(name)
+    result = {"domain": name, "sources": DOMAINS[persona.domain if persona else name],
+              "system_prompt": persona.system if persona else None, "played": played,
               "adapt": {k: adapt_record[k] for k in ("recorded_train", "recorded_held_back", "replayed",
-                                                     "labelled_rows", "minutes", "tau_before", "tau_after")},
+                                                     "labelled_rows", "minutes", "tau_before", "tau_after",
+                                                     "checkpoints", "kept", "written")},
               "adapt_wall_minutes": round((time.time() - t0) / 60, 1)}
     from dflash_gguf.bench.prompts import read_rows
     domain_tau = taus([shipped, adapted], rows[a.conversations:need], work / "tau-domain.json", a)
     shared_tau = taus([shipped, adapted], read_rows(shared, a.shared), work / "tau-shared.json", a)
+    result["greedy_equal"] = greedy_equal(adapted, rows[a.conversations:a.conversations + a.greedy], a)
     for i, (label, drafter) in enumerate((("before", shipped), ("after", adapted))):
         result[label] = {"domain_tau": domain_tau[i], "shared_tau": shared_tau[i],
-                         "speedup": speedup(drafter, speed_file, work / f"speed-{label}.json", a, log)}
+                         "speedup": speedup(name, drafter, speed_file, work / f"speed-{label}.json", a, log)}
     (work / "result.json").write_text(json.dumps(result, indent=2))
     return result
 
 
 def table(results: list[dict], a) -> str:
-    lines = [f"| domain | conversations recorded | adapt (min, rows) | τ unseen domain prompts ({a.test}) | "
-             f"τ ../shared/prompts (first {a.shared}/category) | hybrid speedup ({a.speedup} prompts) |",
-             "|---|---|---|---|---|---|"]
+    lines = [f"| domain | conversations recorded | adapt (min, rows) | τ held back: start → checkpoints | written | "
+             f"τ unseen domain prompts ({a.test}) | τ ../shared/prompts (first {a.shared}/category) | "
+             f"greedy = plain | hybrid speedup ({a.speedup} prompts) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         b, f = r["before"], r["after"]
         sp = "–"
         if b["speedup"] and f["speedup"]:
             sp = f"{_speed(b['speedup'])} → {_speed(f['speedup'])}"
-        lines.append(f"| {r['domain']} | {r['played']['recorded']} | {r['adapt']['minutes']}, "
-                     f"{r['adapt']['labelled_rows']:,} | {b['domain_tau']['tau_overall']:.3f} → "
-                     f"{f['domain_tau']['tau_overall']:.3f} | {b['shared_tau']['tau_overall']:.3f} → "
-                     f"{f['shared_tau']['tau_overall']:.3f} | {sp} |")
+        ad = r["adapt"]
+        held = " / ".join(f"{c['tau_held_back']:.2f}" for c in ad["checkpoints"])
+        lines.append(f"| {r['domain']} | {r['played']['recorded']} | {ad['minutes']}, {ad['labelled_rows']:,} | "
+                     f"{ad['tau_before']['held_back']:.2f} → {held} | {'yes' if ad['written'] else 'no'} | "
+                     f"{b['domain_tau']['tau_overall']:.3f} → {f['domain_tau']['tau_overall']:.3f} | "
+                     f"{b['shared_tau']['tau_overall']:.3f} → {f['shared_tau']['tau_overall']:.3f} | "
+                     f"{r['greedy_equal']['equal']}/{r['greedy_equal']['prompts']} | {sp} |")
     return "\n".join(lines)
 
 
@@ -204,17 +291,21 @@ def _speed(s: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--domain", action="append", choices=sorted(DOMAINS), help="repeatable (default: all)")
+    ap.add_argument("--domain", action="append", choices=sorted(DOMAINS) + sorted(PERSONAS),
+                    help="repeatable (default: the plain domains)")
     ap.add_argument("--conversations", type=int, default=300, help="recorded conversations per domain")
     ap.add_argument("--test", type=int, default=50, help="other prompts of the domain to measure on")
     ap.add_argument("--shared", type=int, default=10, help="../shared/prompts per category to measure on")
     ap.add_argument("--speedup", type=int, default=10, help="test prompts for the hybrid speedup (0: skip)")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--greedy", type=int, default=5, help="test prompts decoded greedily with and without the "
+                    "adapted drafter, compared token for token")
     ap.add_argument("--adapt-minutes", type=float, default=30)
     ap.add_argument("--adapt-eval", type=int, default=ADAPT_GENERAL_MOST, choices=range(ADAPT_GENERAL_MOST + 1),
                     help="train --adapt --eval-prompts (its general set, per category)")
     ap.add_argument("--threads", type=int, default=1, help="one thread: ggml's threads wait for each other at "
                     "every op, which a busy machine makes dear")
+    ap.add_argument("--stop-after", choices=["play"], help="only record the conversations (rerun to go on)")
     ap.add_argument("--work", type=Path, default=None, help="default: <user cache>/learn-harness")
     a = ap.parse_args()
     if a.work is None:
@@ -224,7 +315,8 @@ def main() -> None:
         raise SystemExit(f"{SHARED}: the evaluation prompts must be beside the checkout")
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     results = [domain(name, a) for name in a.domain or sorted(DOMAINS)]
-    print(table(results, a))
+    if a.stop_after != "play":
+        print(table(results, a))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """`run --learn` records, `train --adapt` continues a drafter on the records: on a tiny random target, a store
-from another target is refused in one line, the input drafter is never overwritten, and greedy decoding with
-the adapted drafter equals plain decoding."""
+from another target is refused in one line, the input drafter is never overwritten, the drafter written is the
+checkpoint with the best held-back τ and none is written when no checkpoint beats the start (unless --force),
+and greedy decoding with the adapted drafter equals plain decoding."""
 
 import hashlib
 import json
@@ -23,6 +24,42 @@ def tiny(tmp_path_factory):
     prompts.write_text("".join(json.dumps({"category": "chat", "format": "completion",
                                            "prompt": f"t{i % 29 + 3} t{(i * 7) % 29 + 3}"}) + "\n" for i in range(24)))
     return folder, target, drafter, prompts
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny, tmp_path_factory):
+    """One user's traffic, recorded as `run --learn` records it (6 requests: 5 trained on, 1 held back), and a
+    folder for the replayed data that the adapting runs share."""
+    folder, target, drafter, _ = tiny
+    root = tmp_path_factory.mktemp("recorded")
+    for i in range(6):
+        p = " ".join(f"t{(i * 5 + k) % 29 + 3}" for k in range(4))
+        assert cli("run", "-m", target, "-md", drafter, "-p", p, "-n", "24", "-t", "1", "--json", "--no-compare",
+                   "--learn", root / "learn") == 0
+    return root / "learn", root / "replay"
+
+
+def adapt_cli(tiny, recorded, out, work, *extra):
+    folder, target, drafter, prompts = tiny
+    learn, replay = recorded
+    return cli("train", "--adapt", learn, "-m", target, "-md", drafter, "-o", out, "--prompts", prompts,
+               "--max-minutes", "0.1", "-t", "1", "--work-dir", work, "--data-dir", replay, *extra)
+
+
+def scripted_tau(monkeypatch, start: float, checkpoints: list[float]) -> dict:
+    """Held-back τ made up instead of measured: `start` for the drafter adapting starts from (the first file
+    measured), then checkpoints[i] for the i-th new file (the last value repeated). Returns {file sha256: τ}."""
+    from dflash_gguf.train.adapt import Yardstick
+    given: dict[str, float] = {}
+
+    def tau(self, drafter, held_back_only=False):
+        key = sha(drafter)
+        if key not in given:
+            given[key] = start if not given else checkpoints[min(len(given) - 1, len(checkpoints) - 1)]
+        held = {"held_back": given[key]}
+        return held if held_back_only else held | {"general": 1.5, "general_by_category": {"chat": 1.5}}
+    monkeypatch.setattr(Yardstick, "tau", tau)
+    return given
 
 
 def cli(*args):
@@ -82,28 +119,60 @@ def test_adapt_refuses_a_soft_target_loss_it_could_not_apply(tiny, tmp_path, cap
 
 
 @pytest.mark.slow
-def test_adapt_writes_a_new_drafter_that_decodes_losslessly(tiny, tmp_path, capsys):
+def test_adapt_writes_the_checkpoint_with_the_best_held_back_tau(tiny, recorded, tmp_path, monkeypatch, capsys):
+    given = scripted_tau(monkeypatch, 2.0, [2.1, 2.6, 2.2])     # the second checkpoint is the best
+    out = tmp_path / "adapted.gguf"
+    code = adapt_cli(tiny, recorded, out, tmp_path / "work")
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
+    taus = [c["tau_held_back"] for c in record["checkpoints"]]
+    assert len(taus) >= 3 and taus[:3] == [2.1, 2.6, 2.2]
+    assert record["kept"] == record["checkpoints"][1] and record["written"]
+    assert given[sha(out)] == 2.6                           # not the last checkpoint's file
+    assert record["tau_after"]["held_back"] == 2.6 and record["tau_before"]["held_back"] == 2.0
+    assert "the best of" in captured.out
+
+
+@pytest.mark.slow
+def test_adapt_writes_nothing_when_no_checkpoint_beats_the_start(tiny, recorded, tmp_path, monkeypatch, capsys):
+    scripted_tau(monkeypatch, 2.5, [2.4, 2.3, 2.45, 2.2])   # training only makes it worse on held-back requests
+    folder, target, drafter, prompts = tiny
+    before = sha(drafter)
+    out = tmp_path / "adapted.gguf"
+    code = adapt_cli(tiny, recorded, out, tmp_path / "work")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and not out.exists() and sha(drafter) == before
+    assert "not written: no checkpoint beat d.gguf on the 1 held-back recorded requests (τ 2.50, best checkpoint " \
+           "2.45)" in err[-1]
+    record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
+    assert not record["written"] and record["kept"]["tau_held_back"] == 2.45
+    assert [c["tau_held_back"] for c in record["checkpoints"]][:3] == [2.4, 2.3, 2.45]
+
+    code = adapt_cli(tiny, recorded, out, tmp_path / "work", "--force")    # asked for: the best one anyway
+    assert code == 0 and out.is_file() and sha(drafter) == before
+    assert "writing the best one anyway (--force)" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_adapt_writes_a_new_drafter_that_decodes_losslessly(tiny, recorded, tmp_path, capsys):
     from dflash_gguf.engine.session import Engine
     from dflash_gguf.engine.sampling import SamplingParams
     from dflash_gguf.settings import EngineSettings
     folder, target, drafter, prompts = tiny
-    learn = tmp_path / "learn"
-    for i in range(6):                       # one user's traffic, recorded as `run --learn` records it
-        p = " ".join(f"t{(i * 5 + k) % 29 + 3}" for k in range(4))
-        assert cli("run", "-m", target, "-md", drafter, "-p", p, "-n", "24", "-t", "1", "--json", "--no-compare",
-                   "--learn", learn) == 0
     capsys.readouterr()
     before = sha(drafter)
     out = tmp_path / "adapted.gguf"
-    code = cli("train", "--adapt", learn, "-m", target, "-md", drafter, "-o", out, "--prompts", prompts,
-               "--max-minutes", "0.1", "-t", "1", "--work-dir", tmp_path / "work", "--data-dir", tmp_path / "replay")
+    # --force: whether a few seconds of training beat a random drafter is not this test's question
+    code = adapt_cli(tiny, recorded, out, tmp_path / "work", "--force")
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert sha(drafter) == before and out.is_file()
     record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
     assert record["recorded_train"] == 5 and record["recorded_held_back"] == 1 and record["replayed"] == 5
     assert record["tau_after"]["held_back"] >= 1.0 and record["tau_before"]["general"] >= 1.0
-    assert record["labelled_rows"] > 0
+    assert record["labelled_rows"] > 0 and record["checkpoints"] and record["written"]
+    assert record["kept"]["tau_held_back"] == max(c["tau_held_back"] for c in record["checkpoints"])
     assert "held-back recorded requests" in captured.out
 
     engine = Engine(EngineSettings(target=target, drafter=out, n_ctx=256, n_threads=1, adaptive=False, draft_max=3))

@@ -6,20 +6,26 @@ its features; a replay of the drafter's original training distribution (the ship
 trained on, answered by the target and kept in the user cache) is mixed in so it does not forget the rest.
 A tenth of the recorded conversations is held back: τ before and after, on them and on a fixed general set
 (held-back prompts of the shipped set), is measured through llama.cpp as `bench --tau` measures it.
+
+Training on a few hundred conversations can make the drafter worse on requests it has not seen while its loss
+falls (docs/learning.md), so the held-back τ is also measured at checkpoints during training: the drafter
+written is the best checkpoint, and none at all (unless --force) if no checkpoint beats the drafter it started
+from.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import UserError
+from ..errors import RunFailure, UserError
 from ..learn.store import Conversation, LearnStore
 from ..target_file import TargetFile
 
@@ -35,6 +41,7 @@ class AdaptSettings:
     eval_per_category: int = 5      # prompts per category of the general set
     eval_held_back: int = 20        # most held-back conversations measured
     eval_tokens: int = 128
+    checkpoints: int = 6            # held-back τ measured this many times, evenly over the training time
     seed: int = 0
     threads: int = 0
     prompts: tuple[Path, ...] = ()  # the drafter's training prompts (replay, general set); (): the shipped set
@@ -137,10 +144,10 @@ def build_dataset(folder: Path, target: TargetFile, replay, n_replay: int, train
             "features": "replay: harvested; recorded: recomputed by a batched prefill"}
     old = folder / "meta.json"
     if old.exists() and json.loads(old.read_text()).get("prompts_sha256") != ident:
-        import shutil  # noqa: PLC0415
         shutil.rmtree(folder)                # another store or replay share: start afresh, checkpoint included
         shutil.rmtree(folder.parent / "checkpoint", ignore_errors=True)
         (folder.parent / "adapt-plan.json").unlink(missing_ok=True)
+        (folder.parent / "checkpoint-taus.json").unlink(missing_ok=True)
     writer = DatasetWriter(folder, meta)
     for r in replay.index[:n_replay]:
         if r["prompt_index"] in writer.done:
@@ -161,15 +168,19 @@ class Yardstick:
     def __init__(self, target: Path, held: list[Conversation], general: list[dict], s: AdaptSettings):
         self.target, self.s = target, s
         self.rows = [{"category": "held_back", "id": c.shard.name, "tokens": c.prompt} for c in held[:s.eval_held_back]]
+        self.n_held_back = len(self.rows)
         self.rows += [{**r, "category": f"general:{r.get('category', 'chat')}"} for r in general]
         self.conts = None
 
-    def tau(self, drafter: Path) -> dict:
+    def tau(self, drafter: Path, held_back_only: bool = False) -> dict:
+        """{"held_back", "general", "general_by_category"}; only "held_back" with held_back_only (the cheap
+        measurement taken at checkpoints)."""
         from ..bench.tau import NativeDraftProbe, continuations, walk_tau  # noqa: PLC0415
         probe = NativeDraftProbe(self.target, drafter, self.s.threads)
         try:
             self.conts = self.conts or continuations(probe, self.rows, self.s.eval_tokens)
-            report = walk_tau(probe, self.conts)
+            walked = [c for c in self.conts if not held_back_only or c.row["category"] == "held_back"]
+            report = walk_tau(probe, walked)
         finally:
             probe.close()
 
@@ -177,16 +188,53 @@ class Yardstick:
             got = [p for p in report.per_prompt if keep(p["category"])]
             calls = sum(p["calls"] for p in got)
             return round(sum(p["tokens"] - 1 for p in got) / calls, 3) if calls else float("nan")
+        if held_back_only:
+            return {"held_back": pooled(lambda c: c == "held_back")}
         return {"held_back": pooled(lambda c: c == "held_back"), "general": pooled(lambda c: c.startswith("general:")),
                 "general_by_category": {c.removeprefix("general:"): round(v, 3) for c, v in report.by_category.items()
                                         if c.startswith("general:")}}
 
 
+@dataclass
+class CheckpointChoice:
+    """Early stopping on held-back τ: every checkpoint measured, the best kept (as `best_file`); it is written
+    only if it beats the drafter adapting started from (`start`, that drafter's held-back τ)."""
+    start: float
+    measured: list[dict] = field(default_factory=list)      # per checkpoint: step, rows, minutes, τ held back
+    best: dict | None = None
+
+    @property
+    def improved(self) -> bool:
+        return self.best is not None and self.best["tau_held_back"] > self.start
+
+    def add(self, point: dict) -> bool:
+        """Record a checkpoint's measurement; True when it is the best one so far."""
+        self.measured.append(point)
+        if self.best is None or point["tau_held_back"] > self.best["tau_held_back"]:
+            self.best = point
+            return True
+        return False
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def resumed(cls, path: Path, start: float, resume: bool) -> "CheckpointChoice":
+        """What a killed run had measured (with `resume`, the same start), else a fresh choice."""
+        if resume and path.exists():
+            kept = cls(**json.loads(path.read_text()))
+            if kept.start == start:
+                return kept
+        return cls(start)
+
+
 def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: Path, s: AdaptSettings,
           *, force: bool = False, resume: bool = False) -> dict:
-    """Continue `drafter` on the store's conversations and write the result to `out` (a new validated GGUF);
-    returns the record (τ before/after, data, training). `work` keeps the data and checkpoints: with `resume`,
-    a run killed on the way goes on where it stopped (measurement, data and training)."""
+    """Continue `drafter` on the store's conversations and write the best checkpoint by held-back τ to `out` (a
+    new validated GGUF); returns the record (τ before/after, per checkpoint, data, training). If no checkpoint
+    beats `drafter` on the held-back requests, `out` is not written (RunFailure, after the record) unless `force`.
+    `work` keeps the data and checkpoints: with `resume`, a run killed on the way goes on where it stopped
+    (measurement, data and training)."""
     from ..learn.store import file_tag  # noqa: PLC0415
     from .pipeline import export, init_record, read_drafter, training_record  # noqa: PLC0415
     t0 = time.time()
@@ -197,24 +245,84 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
         raise UserError(f"-md {drafter}: its vocabulary ({src.config.vocab_size}) is not the target's "
                         f"({target.n_vocab})")
     pool, general = prompt_sets(s.prompts, s.eval_per_category, s.seed)
-    print(f"adapting {drafter.name} on {len(train)} recorded requests (+{round(s.replay * len(train))} replayed), "
-          f"{len(held)} held back to measure", file=sys.stderr)
     yardstick = Yardstick(target.path, held, general, s)
+    print(f"adapting {drafter.name} on {len(train)} recorded requests (+{round(s.replay * len(train))} replayed), "
+          f"{len(held)} held back ({yardstick.n_held_back} measured)", file=sys.stderr)
     key = json.dumps([file_tag(drafter)[1], [r.get("id") for r in yardstick.rows], s.eval_tokens])
     before = _measured_once(work / "tau-before.json", key, lambda: yardstick.tau(drafter))
     print(f"τ before: held back {before['held_back']}, general {before['general']}", file=sys.stderr)
     deadline = time.time() + s.minutes * 60             # the time box: preparing the data, then training
     data, n_replay = prepare_data(target, src.config, pool, train, work, s, deadline)
     seconds = _training_seconds(work, deadline, resume, s.minutes)
-    trainer, result = continue_training(target, src, str(drafter), data, work, s, seconds, resume)
-    record = {"adapted_from": init_record(drafter, src.train_metadata), "store": store_dir.name,
-              "recorded_train": len(train), "recorded_held_back": len(held), "replayed": n_replay,
-              "adapt_settings": {k: [str(x) for x in v] if k == "prompts" else v if k != "replay_dir" else None
-                                 for k, v in asdict(s).items()}, **training_record(trainer, result)}
-    export(trainer, target, out, record, src.draft_vocab, force=True)
-    record |= {"tau_before": before, "tau_after": yardstick.tau(out), "minutes": round((time.time() - t0) / 60, 1)}
+    base = {"adapted_from": init_record(drafter, src.train_metadata), "store": store_dir.name,
+            "recorded_train": len(train), "recorded_held_back": len(held), "held_back_measured": yardstick.n_held_back,
+            "replayed": n_replay,
+            "adapt_settings": {k: [str(x) for x in v] if k == "prompts" else v if k != "replay_dir" else None
+                               for k, v in asdict(s).items()}}
+    choice = CheckpointChoice.resumed(work / "checkpoint-taus.json", before["held_back"], resume)
+
+    def measure(trainer, result) -> float:
+        candidate = work / "candidate.gguf"
+        export(trainer, target, candidate, base | training_record(trainer, result), src.draft_vocab, force=True)
+        return yardstick.tau(candidate, held_back_only=True)["held_back"]
+
+    trainer = continued_trainer(target, src, str(drafter), data, work, s, seconds, resume)
+    result = train_choosing(trainer, work, seconds, s.checkpoints, choice, measure)
+    best = work / "best.gguf"
+    refusal = None if choice.improved else not_better(out, drafter, choice, yardstick.n_held_back)
+    record = base | training_record(trainer, result) | {
+        "tau_before": before, "checkpoints": choice.measured, "kept": choice.best,
+        "tau_after": yardstick.tau(best) if choice.best else None,       # the kept one's, written or not
+        "written": choice.best is not None and (refusal is None or force)}
+    if record["written"]:
+        if refusal:
+            print(f"note: no checkpoint beat {drafter.name} on the held-back requests (τ {choice.start:.2f}, best "
+                  f"checkpoint {choice.best['tau_held_back']:.2f}); writing the best one anyway (--force)",
+                  file=sys.stderr)
+        copy_into_place(best, out)
+    record["minutes"] = round((time.time() - t0) / 60, 1)
     (work / "adapt-record.json").write_text(json.dumps(record, indent=2))
+    if not record["written"]:
+        raise RunFailure(refusal)
     return record
+
+
+def train_choosing(trainer, work: Path, seconds: float, n_checkpoints: int, choice: CheckpointChoice,
+                   measure):
+    """Train to the end of `seconds`, pausing `n_checkpoints` times, evenly, to measure the held-back τ of the
+    drafter so far (`measure(trainer, its validation)`); the best one is kept as <work>/best.gguf. Returns the
+    last validation."""
+    every = seconds / max(n_checkpoints, 1)
+    result = None
+    while trainer.seconds_before < seconds:
+        steps = trainer.step
+        pause = min(seconds, (int(trainer.seconds_before / every + 1e-9) + 1) * every)
+        result = trainer.train(work / "checkpoint", progress=False, until_seconds=pause)
+        if trainer.step == steps:              # the schedule's end came first
+            break
+        point = {"step": trainer.step, "labelled_rows": trainer.rows_seen,
+                 "train_minutes": round(trainer.seconds_before / 60, 2), "tau_held_back": measure(trainer, result)}
+        if choice.add(point):
+            (work / "candidate.gguf").replace(work / "best.gguf")
+        choice.save(work / "checkpoint-taus.json")
+        print(f"checkpoint at {point['train_minutes']:.1f} training minutes (step {point['step']}): τ held back "
+              f"{point['tau_held_back']:.3f} (start {choice.start:.3f}, best {choice.best['tau_held_back']:.3f})",
+              file=sys.stderr)
+    return result or trainer.evaluate(trainer.s.eval_seqs)
+
+
+def not_better(out: Path, drafter: Path, choice: CheckpointChoice, n_held: int) -> str:
+    best = f"best checkpoint {choice.best['tau_held_back']:.2f}" if choice.best else "no checkpoint measured"
+    return (f"-o {out} not written: no checkpoint beat {drafter.name} on the {n_held} held-back recorded requests "
+            f"(τ {choice.start:.2f}, {best}); keep using {drafter.name}, record more requests, or pass --force to "
+            "write the best checkpoint anyway")
+
+
+def copy_into_place(src: Path, out: Path) -> None:
+    """`src` copied to `out` under a temporary name, then renamed: `out` is never a partial file."""
+    partial = out.with_name(f".{out.name}.partial")
+    shutil.copyfile(src, partial)
+    partial.replace(out)
 
 
 def prepare_data(target: TargetFile, config, pool: list[dict], train: list[Conversation], work: Path,
@@ -229,10 +337,10 @@ def prepare_data(target: TargetFile, config, pool: list[dict], train: list[Conve
     return data, n_replay
 
 
-def continue_training(target: TargetFile, src, source: str, data, work: Path, s: AdaptSettings, seconds: float,
+def continued_trainer(target: TargetFile, src, source: str, data, work: Path, s: AdaptSettings, seconds: float,
                       resume: bool):
-    """(Trainer, its last validation): started from the drafter `src` read from `source` (its weights, taps,
-    layers, block size and draft vocabulary), trained with warm-up and cosine over `seconds`."""
+    """A Trainer started from the drafter `src` read from `source` (its weights, taps, layers, block size and
+    draft vocabulary; with `resume`, from the work dir's checkpoint), with warm-up and cosine over `seconds`."""
     from .pipeline import drafter_config  # noqa: PLC0415
     from .frozen_weights import embedding_and_head  # noqa: PLC0415
     from .trainer import Trainer, TrainSettings  # noqa: PLC0415
@@ -253,8 +361,8 @@ def continue_training(target: TargetFile, src, source: str, data, work: Path, s:
         print(f"resumed after {trainer.seconds_before / 60:.1f} of {seconds / 60:.1f} training minutes",
               file=sys.stderr)
     print(f"training for {(seconds - trainer.seconds_before) / 60:.1f} minutes on {len(data.index)} sequences "
-          f"(checkpoints in {work / 'checkpoint'})", file=sys.stderr)
-    return trainer, trainer.train(work / "checkpoint", progress=False)
+          f"(checkpoints in {work / 'checkpoint'}, held-back τ measured at {s.checkpoints} of them)", file=sys.stderr)
+    return trainer
 
 
 def _measured_once(path: Path, key: str, run) -> dict:

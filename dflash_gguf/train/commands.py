@@ -82,7 +82,9 @@ def register(app: typer.Typer) -> None:
         init_drafter: Optional[Path] = typer.Option(None, "--init-drafter", help="start from this drafter GGUF's "
                                                     "weights (e.g. trained on a GPU) and keep training"),
         adapt: Optional[Path] = typer.Option(None, "--adapt", help="continue -md's drafter on the requests recorded "
-                                             "in this folder (serve --learn), within --max-minutes (default 20)"),
+                                             "in this folder (serve --learn), within --max-minutes (default 20); "
+                                             "writes the checkpoint with the best τ on held-back requests, and "
+                                             "nothing if none beats -md"),
         model_draft: Optional[Path] = typer.Option(None, "-md", "--model-draft", help="with --adapt: the drafter "
                                                    "to continue (never overwritten)"),
         replay: float = typer.Option(1.0, "--replay", help="with --adapt: sequences of the drafter's original "
@@ -91,7 +93,8 @@ def register(app: typer.Typer) -> None:
                                          "general set τ is measured on before and after (0: none)"),
         threads: int = typer.Option(0, "-t", "--threads", help="CPU threads for harvest and training (0: all)"),
         chat_template: Optional[str] = chat_template_option(),
-        force: bool = typer.Option(False, "--force"),
+        force: bool = typer.Option(False, "--force", help="overwrite -o; with --adapt, also write the best "
+                                   "checkpoint when none beats -md on the held-back requests"),
     ):
         """Generate training data with the target itself, train the drafter, export a validated GGUF."""
         given = dict(locals())                  # the first statement: exactly the options above
@@ -99,12 +102,13 @@ def register(app: typer.Typer) -> None:
         from .run import run, run_adapt
         if adapt is not None:
             record, work = run_adapt(validate(resolved(given)))
-            b, a = record["tau_before"], record["tau_after"]
-            typer.echo(f"{out}: τ on {record['recorded_held_back']} held-back recorded requests "
+            b, a, kept = record["tau_before"], record["tau_after"], record["kept"]
+            typer.echo(f"{out}: τ on {record['held_back_measured']} held-back recorded requests "
                        f"{b['held_back']:.2f} → {a['held_back']:.2f}; on the general set {b['general']:.2f} → {a['general']:.2f} "
-                       f"({record['recorded_train']} recorded + {record['replayed']} replayed sequences, "
-                       f"{record['labelled_rows']:,} labelled rows, {record['minutes']} min); work dir: {work} "
-                       f"(--resume {work})")
+                       f"(the best of {len(record['checkpoints'])} checkpoints, after {kept['train_minutes']:.1f} "
+                       f"training minutes; {record['recorded_train']} recorded + {record['replayed']} replayed "
+                       f"sequences, {record['labelled_rows']:,} labelled rows, {record['minutes']} min); "
+                       f"work dir: {work} (--resume {work})")
             return
         record, work = run(validate(resolved(given)))
         typer.echo(f"{out}: validation τ estimate {record['val_tau_estimate']:.2f} "

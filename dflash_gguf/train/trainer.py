@@ -289,9 +289,11 @@ class Trainer:
         extra = self.rng.choice(self.n_vocab, size=min(self.s.loss_vocab_extra, self.n_vocab), replace=False)
         return np.union1d(self.data_vocab, extra)
 
-    def train(self, out_dir: Path, progress: bool = True, stop_at: int | None = None) -> EvalResult:
-        """Train to the end of the rows budget, or only up to `stop_at` rows (the schedule stays the whole
-        budget's, so a later call goes on where this one stopped: snapshots of one run)."""
+    def train(self, out_dir: Path, progress: bool = True, stop_at: int | None = None,
+              until_seconds: float | None = None) -> EvalResult:
+        """Train to the end of the rows budget, or only up to `stop_at` rows or `until_seconds` of training in
+        all (the schedule stays the whole budget's, so a later call goes on where this one stopped: snapshots
+        of one run; time between the calls is not training time)."""
         torch = self.torch
         end = min(self.total_rows, stop_at or self.total_rows)
         from tqdm import tqdm  # noqa: PLC0415
@@ -305,7 +307,8 @@ class Trainer:
         last_eval = None
         while self.rows_seen < end:
             elapsed = time.time() - t0
-            if any(limit and elapsed > limit for limit in (self.s.max_seconds, self.s.schedule_seconds)):
+            limits = (self.s.max_seconds, self.s.schedule_seconds, until_seconds)
+            if any(limit and elapsed > limit for limit in limits):
                 break
             lr = self.lr_at(self.rows_seen, elapsed)
             for group in self.opt.param_groups:
