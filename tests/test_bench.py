@@ -264,3 +264,19 @@ def test_cost_curve_report_averages_the_sizes_both_curves_measured():
         assert report["t_s"] == {1: 2.0, 2: 2.4, 8: 4.8}
         assert report["t_draft_n_s"] == {1: 0.4, 7: 1.0}
         assert report["ratios"][8] == pytest.approx(2.4)
+
+
+@pytest.mark.parametrize("which", ["gemma3", "smollm2"])
+def test_tools_read_the_prompt_we_tokenized(which):
+    """llama.cpp's tools add BOS to a prompt file themselves: Gemma's template writes it into the text as well,
+    so the text they read drops it (two BOS made the n-gram arm decode another prompt); SmolLM2's has none."""
+    from dflash_gguf.bench.prompts import text_for_tools
+    from dflash_gguf.native.wrappers import Model
+    from dflash_gguf.packaged_models import gemma3_270m, smollm2
+    from dflash_gguf.textgen.chat import render_model_chat
+    model = Model(gemma3_270m() if which == "gemma3" else smollm2("q4_1"))
+    text = render_model_chat(model, [{"role": "user", "content": "Name three rivers."}])
+    tokens = model.tokenize(text, add_special=False)
+    for_tools = text_for_tools(model, text, tokens)
+    assert model.tokenize(for_tools, add_special=True) == tokens
+    assert (for_tools != text) == (which == "gemma3")

@@ -18,6 +18,7 @@ class BenchPrompt:
     category: str
     text: str              # what the model sees as text (chat prompts rendered through the template)
     tokens: list[int]      # the same, tokenized by the target
+    upstream_text: str = ""  # what llama.cpp's tools must read to see `tokens` (they add BOS themselves)
 
 
 def read_rows(files: list[Path], limit: int | None) -> list[dict]:
@@ -73,5 +74,18 @@ def prepare(rows: list[dict], engine, chat_template: str | None = None) -> list[
             tokens = model.tokenize(text, add_special=False)
         else:
             tokens = model.tokenize(text, add_special=True)
-        out.append(BenchPrompt(row["id"], row["category"], text, tokens))
+        out.append(BenchPrompt(row["id"], row["category"], text, tokens, text_for_tools(model, text, tokens)))
     return out
+
+
+def text_for_tools(model, text: str, tokens: list[int]) -> str:
+    """The text whose tokenization with the model's own special tokens added is `tokens`.
+
+    llama.cpp's tools tokenize a prompt file with BOS added; a template that writes BOS into the text (Gemma,
+    Llama 3) would give them two. Returns `text` unchanged when no such text exists (the mismatch is reported)."""
+    if model.tokenize(text, add_special=True) == tokens:
+        return text
+    bos = model.token_bytes(model.bos(), special=True).decode("utf-8", "replace")
+    if bos and text.startswith(bos) and model.tokenize(text[len(bos):], add_special=True) == tokens:
+        return text[len(bos):]
+    return text
