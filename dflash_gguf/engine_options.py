@@ -34,6 +34,8 @@ ENGINE_OPTIONS = (
     EngineOption("fit_target", ("--fit-target",), int, "MiB of device memory --fit leaves free"),
     EngineOption("draft_max", ("--draft-max",), int, "most draft tokens per verify (default: block size - 1)"),
     EngineOption("draft_min", ("--draft-min",), int, "fewest draft tokens per verify"),
+    EngineOption("lookup_max", ("--lookup-max",), int,
+                 "most prompt-lookup tokens per verify, taken where the policy finds they pay (default 32)"),
     EngineOption("no_adaptive", ("--no-adaptive",), bool, "always verify --draft-max tokens"),
     EngineOption("draft_confidence", ("--draft-confidence",), bool,
                  "with a DSpark confidence head: verify only the drafted slots it rates worth their rows"),

@@ -32,6 +32,7 @@ class EngineSettings:
     fit_target: int = 768                # MiB --fit leaves free on the device (llama.cpp's --fit-target)
     draft_max: int | None = None         # None: block size - 1
     draft_min: int = 1
+    lookup_max: int = 32                 # most prompt-lookup tokens per verify, where the policy finds they pay
     adaptive: bool = True
     draft_confidence: bool = False       # verify only the drafted slots a confidence head rates worth it (DSpark;
                                          # off: no measured gain on SmolLM2/CPU, docs/dflash-family.md)
@@ -77,6 +78,8 @@ class EngineSettings:
             (self.n_batch >= 1, "n_batch", self.n_batch, "must be >= 1"),
             (self.draft_max is None or self.draft_max >= 1, "--draft-max", self.draft_max, "must be >= 1"),
             (self.draft_min >= 1, "--draft-min", self.draft_min, "must be >= 1"),
+            (1 <= self.lookup_max <= MIN_CTX // 2 - 1, "--lookup-max", self.lookup_max,
+             f"must be 1..{MIN_CTX // 2 - 1}"),
             (self.draft_ctx is None or self.draft_ctx >= 1, "--draft-ctx", self.draft_ctx, "must be >= 1"),
             (self.t_mode in T_MODES, "--t-mode", self.t_mode, f"must be one of {', '.join(T_MODES)}"),
             (self.flash_attn in FLASH_ATTN_MODES, "DFLASH_GGUF_FLASH_ATTN", self.flash_attn,

@@ -114,7 +114,9 @@ def test_cost_curve_only(files):
     assert "runs" not in rep and "summary" not in rep and rep["drafter"] == str(drafter)
     cc = rep["cost_curve"]
     t = {int(b): v for b, v in cc["t_s"].items()}
-    assert set(t) >= {1, 2, 4} and max(t) == rep["draft_max"] + 1 and cc["t_draft_s"] > 0
+    # the sizes a lookup continuation may take (--lookup-max, default 32) are timed too
+    assert set(t) >= {1, 2, 4, 32} and max(t) == max(rep["draft_max"], rep["lookup_max"]) + 1 == 33
+    assert cc["t_draft_s"] > 0
     assert all(np.isclose(cc["ratios"][str(b)], t[b] / t[1], rtol=1e-12) for b in t)
     assert "verify cost t(B)/t(1): B1=1.00 " in r.output
 
@@ -124,7 +126,7 @@ def test_cost_curve_only_without_a_drafter(files):
     target, _, _, d = files
     out = d / "verify-only.json"
     r = CliRunner().invoke(app, ["bench", "-m", str(target), "--draft-source", "lookup", "--cost-curve-only", "-t", "2",
-                                 "--draft-max", "3", "--json", str(out)])
+                                 "--draft-max", "3", "--lookup-max", "2", "--json", str(out)])
     assert r.exit_code == 0, r.output + repr(r.exception)
     rep = json.loads(out.read_text())
     assert rep["drafter"] is None and rep["drafter_member"] is None

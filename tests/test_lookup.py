@@ -94,3 +94,35 @@ def test_drafts_are_priced_with_the_verify_after_a_draft():
     cost.observe_verify(2, 1.7, cold=True)
     assert cost.t[2] == 1.1 and cost.t_cold[2] > 1.6
     assert CostCurve.from_json(cost.to_json()).t_cold == cost.t_cold
+
+
+def test_an_offer_is_checked_against_the_text_that_follows_it():
+    """A continuation longer than a step's emitted tokens keeps being checked by the steps after it: its far slots
+    get evidence (else they keep the prior and are never tried), each offer counted once."""
+    p = DraftLengthPolicy(7, cost=CostCurve({1: 1.0, 32: 1.5}, t_draft=0.3), lookup_max=24)
+    p.use_lookup(4)
+    text = list(range(100, 124))
+    p.observe_lookup(4, text, text[:3])           # a step emitting 3 tokens: 21 slots still unknown
+    assert p.lookup.tried[4][3] == 0
+    p.observe_lookup(0, None, text[3:10])         # no new offer: the old one goes on
+    p.observe_lookup(0, None, text[10:20] + [7])  # slot 20 disagrees
+    tried, accepted = p.lookup.tried[4], p.lookup.accepted[4]
+    assert tried[:21] == [1.0] * 21 and tried[21:] == [0.0] * 3
+    assert accepted[:20] == [1.0] * 20 and accepted[20] == 0.0
+    p.observe_lookup(0, None, [1, 2, 3])          # resolved: nothing more is recorded
+    assert p.lookup.tried[4] == tried
+
+
+def test_a_repeating_text_is_verified_past_the_drafters_block():
+    """Where the continuation keeps agreeing and a long verify costs little more than a short one, the lookup
+    takes more tokens than the drafter's block; with the same evidence and draft_max as the cap, it stops there."""
+    cost = CostCurve({1: 1.0, 2: 1.1, 8: 1.6, 16: 2.0, 32: 2.8}, t_draft=0.3)
+    long, capped = (DraftLengthPolicy(7, cost=cost, lookup_max=m) for m in (31, None))
+    for p in (long, capped):
+        p.use_lookup(4)
+        p.has_drafter = False
+        for _ in range(30):
+            p.observe_lookup(4, list(range(40)), list(range(40)))
+    kind, k = long.choose_step(4, 40)
+    assert kind == "lookup" and k >= 16
+    assert capped.choose_step(4, 40) == ("lookup", 7)

@@ -64,7 +64,8 @@ def run(settings, options: BenchOptions, template_choice=None, *, cost_curve_onl
             return {"target": str(engine.target_model.path),
                     "drafter": drafter and str(engine.drafter_model.path), "drafter_member": drafter and drafter.member,
                     "threads": settings.n_threads, "n_gpu_layers": settings.n_gpu_layers,
-                    "draft_max": engine.draft_max, "backend": engine.target_model.native.info.get("backend"),
+                    "draft_max": engine.draft_max, "lookup_max": engine.lookup_max,
+                    "backend": engine.target_model.native.info.get("backend"),
                     "cost_curve": cost_curve_report(drafter is not None and drafter.short_blocks, curve)}
         return _measure(engine, settings, rows, options, template_choice)
     finally:
@@ -115,7 +116,7 @@ def _measure(engine, settings, rows, options: BenchOptions, template_choice) -> 
         "n_predict": n_predict, "repeat": repeat, "baselines": chosen, "threads": settings.n_threads,
         "n_gpu_layers": settings.n_gpu_layers, "n_ctx": settings.n_ctx,
         "cache_type_k": settings.cache_type_k, "cache_type_v": settings.cache_type_v, "draft_max": engine.draft_max,
-        "adaptive": settings.adaptive, "backend": engine.target_model.native.info.get("backend"),
+        "lookup_max": engine.lookup_max, "adaptive": settings.adaptive, "backend": engine.target_model.native.info.get("backend"),
         "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} cores)",
         "date": time.strftime("%Y-%m-%d %H:%M"), "missing": missing,
         "load_average": {"before": load_before, "after": os.getloadavg()},

@@ -24,7 +24,8 @@ def render(report: dict) -> str:
     lines = [f"target {report['target']}", f"drafter {report['drafter']} ({report.get('drafter_member', 'DFlash')})",
              f"{report['prompts']} prompts {report['per_category']}, -n {report['n_predict']}, "
              f"repeat {report['repeat']}, threads {report['threads']}, -ngl {report['n_gpu_layers']}, "
-             f"draft-max {report['draft_max']}{' adaptive' if report['adaptive'] else ''}",
+             f"draft-max {report['draft_max']}{' adaptive' if report['adaptive'] else ''}"
+             + (f", lookup-max {report['lookup_max']}" if report.get("lookup_max") else ""),
              "load average (1 min) before/after: {:.1f} / {:.1f}".format(report["load_average"]["before"][0],
                                                                         report["load_average"]["after"][0]), ""]
     head = f"{'category':<9} {'baseline':<9} {'tok/s':>20} {'speedup':>18} {'tau':>6} {'accept':>6} " \

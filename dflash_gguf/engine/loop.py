@@ -176,11 +176,10 @@ class SpecDecoder:
         """Hand the lookup the tokens the last step emitted, and the policy how the continuation it offered
         before that step fared against them."""
         self.lookup.see(emitted)
-        if self._offered is not None:
-            self.policy.observe_lookup(*self._offered, emitted)
+        self.policy.observe_lookup(*(self._offered or (0, None)), emitted)
 
     def _choose_and_step(self, last: int, room: int, sampling: SamplingParams, rng, res: GenerationResult):
-        continuation, match_len = self.lookup.match(min(self.policy.draft_max, room)) if room else ([], 0)
+        continuation, match_len = self.lookup.match(min(self.policy.lookup_max, room)) if room else ([], 0)
         kind, n = self.policy.choose_step(match_len, len(continuation)) if room else PLAIN_STEP
         self._offered = (match_len, continuation) if continuation else None
         if kind == "lookup":

@@ -185,7 +185,7 @@ class CostCache:
         st = model_path.stat()
         drafter = f"{drafter_path.name}:{drafter_path.stat().st_size}" if drafter_path else "no-drafter"
         return (f"{model_path.resolve()}:{st.st_size}:{int(st.st_mtime)}|{drafter}|"
-                f"{platform.node()}|{backend}|t{n_threads}|ngl{n_gpu_layers}|v4")
+                f"{platform.node()}|{backend}|t{n_threads}|ngl{n_gpu_layers}|v5")
 
     def get(self, key: str) -> CostCurve | None:
         try:
@@ -291,10 +291,16 @@ class DraftLengthPolicy:
     `choose_step` also weighs its continuation against the drafter and plain decoding."""
 
     def __init__(self, draft_max: int, draft_min: int = 1, *, adaptive: bool = True,
-                 cost: CostCurve | None = None, probe_every: int = 16, margin: float = 0.03, recheck: int = 32):
+                 cost: CostCurve | None = None, probe_every: int = 16, margin: float = 0.03, recheck: int = 32,
+                 lookup_max: int | None = None):
+        """lookup_max: most tokens of a lookup continuation one verify takes (adaptive only; default draft_max):
+        a text that repeats itself is worth long verifies where the drafter's block ends long before."""
         if draft_min < 1 or draft_max < draft_min:
             raise ValueError(f"need 1 <= draft_min ({draft_min}) <= draft_max ({draft_max})")
         self.draft_max, self.draft_min = draft_max, draft_min
+        self.lookup_max = lookup_max or draft_max
+        self._pending: list[list] = []      # lookup offers still being checked against the text: [match, tokens,
+                                            # slots known, slots agreed]
         self.adaptive = adaptive and cost is not None
         self.cost = cost
         self.slots = SlotAcceptance(draft_max)
@@ -311,7 +317,7 @@ class DraftLengthPolicy:
         self._warm: list[float] | None = None   # t(1..draft_max+1)/t(1) with warm caches (the lookup's verifies)
 
     def use_lookup(self, max_match: int) -> None:
-        self.lookup = LookupAcceptance(self.draft_max, max_match)
+        self.lookup = LookupAcceptance(self.lookup_max, max_match)
 
     def reset(self) -> None:
         """A new generation starts from the α the last one ended with (weighted like the prior), not from the
@@ -322,6 +328,7 @@ class DraftLengthPolicy:
         self.slots = self.slots.carried()
         if self.lookup is not None:
             self.lookup = self.lookup.carried()
+        self._pending = []
         self._plain_streak = 0
         self._probe_gap = self.probe_every
 
@@ -368,12 +375,13 @@ class DraftLengthPolicy:
         n = self.choose() if self.has_drafter else 0
         if not available:
             return ("draft", n) if n else PLAIN_STEP
-        k_max = min(available, self.draft_max)
         if not self.adaptive:
+            k_max = min(available, self.draft_max)
             self.last_reason = "lookup"
             return ("lookup", k_max)
         # in units of 1 / t(1): the lookup's verifies are priced by their ratio to a plain step, which holds
         # while the machine's load moves both (a shared CPU: t(1) 15–35 ms within minutes)
+        k_max = min(available, self.lookup_max)
         e, ratio = self.lookup.expected(match_len), self._warm_ratios()
         best_k, best = 0, 1 + self.margin
         if n:
@@ -392,16 +400,32 @@ class DraftLengthPolicy:
         the t(1) of its time (smoothed and clipped like every timing)."""
         if self._warm is None:
             shape = self.cost.shape or self.cost.ratios()
-            self._warm = interp_table(shape, np.arange(1, self.draft_max + 2), monotone=True).tolist()
+            self._warm = interp_table(shape, np.arange(1, self.lookup_max + 2), monotone=True).tolist()
         return self._warm
 
-    def observe_lookup(self, match_len: int, continuation: list[int], emitted: list[int]) -> None:
-        """A step's emitted tokens against the lookup continuation offered before it (verified or not)."""
-        known = min(len(continuation), len(emitted), self.draft_max)
-        agreed = 0
-        while agreed < known and continuation[agreed] == emitted[agreed]:
-            agreed += 1
-        self.lookup.record(match_len, known, agreed)
+    def observe_lookup(self, match_len: int, continuation: list[int] | None, emitted: list[int]) -> None:
+        """A step's emitted tokens against the lookup continuation offered before it (verified or not; None: none
+        was offered). An offer is checked against the text that follows it until a slot disagrees or every slot is
+        known, over as many steps as that takes: its slots past what one step emits get evidence too, without
+        which a slot beyond the verifies taken so far would keep its prior and never be tried."""
+        if continuation:
+            self._pending.append([match_len, continuation[:self.lookup_max], 0, 0])
+        still = []
+        for offer in self._pending:
+            match, tokens, known, agreed = offer
+            for t in emitted:
+                if known == len(tokens):
+                    break
+                known += 1
+                if tokens[known - 1] != t:
+                    break
+                agreed += 1
+            if agreed < known or known == len(tokens):
+                self.lookup.record(match, known, agreed)
+            else:
+                offer[2:] = known, agreed
+                still.append(offer)
+        self._pending = still
 
     def trim(self, confidence: np.ndarray) -> int:
         """How many of a drafted block's slots to verify when the drafter rates each (DSpark's confidence head:

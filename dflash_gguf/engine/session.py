@@ -82,9 +82,10 @@ class Engine:
             taps = self.drafter_model.target_layer_ids()
             block = self.drafter_model.block_size() or 16
         self.draft_max = self._draft_max(block)
+        self.lookup_max = s.lookup_max if speculative else 0
         ctx = ContextSettings(n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_batch, n_threads=s.n_threads,
                               flash_attn=s.flash_attn, type_k=s.cache_type_k, type_v=s.cache_type_v)
-        self.target = Target(self.target_model, ctx, taps=taps, max_verify=self.draft_max + 1)
+        self.target = Target(self.target_model, ctx, taps=taps, max_verify=self.max_verify)
         self.drafter = None
         if self.drafter_model is not None:
             dctx = ContextSettings(n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_batch, n_threads=s.n_threads,
@@ -115,7 +116,8 @@ class Engine:
                 return self.plain
             lookup = LookupSource(self.target_model.n_vocab, self.draft_max + 1) if source != "dflash" else None
             policy = DraftLengthPolicy(self.draft_max, min(self.settings.draft_min, self.draft_max),
-                                       adaptive=self.settings.adaptive, cost=self.cost)
+                                       adaptive=self.settings.adaptive, cost=self.cost,
+                                       lookup_max=self.lookup_max if lookup is not None else None)
             # --draft-confidence: a drafter with a confidence head rates its slots, and the policy trims by them
             policy.use_confidence = bool(drafter is not None and self.settings.draft_confidence and policy.adaptive
                                          and drafter.rate_slots())
@@ -141,6 +143,11 @@ class Engine:
                         free[s.main_gpu] if s.main_gpu < len(free) else free[0], margin_bytes=s.fit_target << 20)
         print(plan.describe(), file=sys.stderr)
         return replace(s, n_gpu_layers=plan.n_gpu_layers, n_cpu_moe=plan.n_cpu_moe, fit=False)
+
+    @property
+    def max_verify(self) -> int:
+        """Most rows one target call verifies: a drafter's block or a lookup continuation, plus the last token."""
+        return max(self.draft_max, self.lookup_max) + 1
 
     def _draft_max(self, block: int) -> int:
         wanted = self.settings.draft_max
@@ -267,8 +274,8 @@ class Engine:
     def measure_cost_curve(self, sizes: Sequence[int] | None = None) -> CostCurve:
         """Time target decodes of B rows and draft calls after a fixed context, interleaved as the loop runs
         them (policy.measure_cost_curve); without a drafter the verify curve alone. Leaves the caches empty."""
-        sizes = sizes or sorted({1, 2, 3, 4, 6, 8, 12, 16, self.draft_max + 1} - {0})
-        sizes = [b for b in sizes if b <= self.draft_max + 1]
+        sizes = sizes or sorted({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, self.draft_max + 1, self.max_verify})
+        sizes = [b for b in sizes if b <= self.max_verify]
         # token ids spread over the vocabulary: timing does not depend on the text, and a target whose
         # tokenizer cannot encode some text (llama.cpp aborts on it) still calibrates
         n_vocab = self.target_model.n_vocab
