@@ -83,6 +83,9 @@ class Engine:
             block = self.drafter_model.block_size() or 16
         self.draft_max = self._draft_max(block)
         self.lookup_max = s.lookup_max if speculative else 0
+        if self.target_model.has_recurrent_state():
+            # one recurrent-state snapshot per verified row: lookups past the block would double that memory
+            self.lookup_max = min(self.lookup_max, self.draft_max)
         ctx = ContextSettings(n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_batch, n_threads=s.n_threads,
                               flash_attn=s.flash_attn, type_k=s.cache_type_k, type_v=s.cache_type_v)
         self.target = Target(self.target_model, ctx, taps=taps, max_verify=self.max_verify)
