@@ -126,3 +126,22 @@ def test_a_repeating_text_is_verified_past_the_drafters_block():
     kind, k = long.choose_step(4, 40)
     assert kind == "lookup" and k >= 16
     assert capped.choose_step(4, 40) == ("lookup", 7)
+
+
+def test_lookup_verifies_stay_at_the_block_on_recurrent_targets(tmp_path):
+    """A recurrent target keeps one state snapshot per verified row: there the lookup stops at the block, while an
+    attention-only target verifies up to --lookup-max (and the context holds room for that many rows)."""
+    from dflash_gguf.engine.session import Engine
+    from dflash_gguf.settings import EngineSettings
+    from helpers.engine import tiny_hybrid_qwen35, write_tiny_llama
+    for path, recurrent in ((write_tiny_llama(tmp_path / "tiny.gguf"), False), (tiny_hybrid_qwen35(), True)):
+        engine = Engine(EngineSettings(target=path, draft_source="lookup", n_ctx=256, n_threads=1), calibrate=False)
+        try:
+            assert engine.spec.policy.lookup_max == engine.lookup_max
+            if recurrent:
+                assert engine.lookup_max == engine.draft_max < 32
+                assert engine.target.ctx.n_rs_seq() == engine.draft_max + 1
+            else:
+                assert engine.lookup_max == 32 and engine.target._max_rows == 34
+        finally:
+            engine.close()
