@@ -221,6 +221,12 @@ def speedup(name: str, drafter: Path, prompts: Path, out: Path, a, log: Path) ->
             "tok_s": hybrid["hybrid"]["tok_s"]["median"], "plain_tok_s": hybrid["plain"]["tok_s"]["median"]}
 
 
+def adapt_options(a) -> list[object]:
+    """train --adapt's recipe options the harness was given (none: its defaults)."""
+    return [*(["--lr", a.adapt_lr] if a.adapt_lr else []), *(["--replay", a.adapt_replay] if a.adapt_replay is not None
+                                                               else [])]
+
+
 def domain(name: str, a) -> dict:
     work = a.work / name
     work.mkdir(parents=True, exist_ok=True)
@@ -242,7 +248,7 @@ def domain(name: str, a) -> dict:
         # exit 1: no checkpoint beat the shipped drafter on the held-back requests, so nothing was written
         run(cli("train", "--adapt", store, "-m", smollm2_q4_1(), "-md", shipped, "-o", work / "adapted.gguf",
                 "--max-minutes", a.adapt_minutes, "-t", a.threads, "--eval-prompts", a.adapt_eval,
-                "--work-dir", work / "adapt",
+                "--work-dir", work / "adapt", *adapt_options(a),
                 "--resume", work / "adapt"), log, allowed=(0, 1))
     adapt_record = json.loads((work / "adapt" / "adapt-record.json").read_text())
     adapted = work / "adapt" / "best.gguf"          # the best checkpoint: -o's bytes when it was written
@@ -253,6 +259,7 @@ def domain(name: str, a) -> dict:
               "adapt": {k: adapt_record[k] for k in ("recorded_train", "recorded_held_back", "replayed",
                                                      "labelled_rows", "minutes", "tau_before", "tau_after",
                                                      "checkpoints", "kept", "written")},
+              "adapt_options": [str(x) for x in adapt_options(a)],
               "adapt_wall_minutes": round((time.time() - t0) / 60, 1)}
     from dflash_gguf.bench.prompts import read_rows
     domain_tau = taus([shipped, adapted], rows[a.conversations:need], work / "tau-domain.json", a)
@@ -303,6 +310,8 @@ def main() -> None:
     ap.add_argument("--adapt-minutes", type=float, default=30)
     ap.add_argument("--adapt-eval", type=int, default=ADAPT_GENERAL_MOST, choices=range(ADAPT_GENERAL_MOST + 1),
                     help="train --adapt --eval-prompts (its general set, per category)")
+    ap.add_argument("--adapt-lr", type=float, help="train --adapt --lr (default: its own)")
+    ap.add_argument("--adapt-replay", type=float, help="train --adapt --replay (default: its own)")
     ap.add_argument("--threads", type=int, default=1, help="one thread: ggml's threads wait for each other at "
                     "every op, which a busy machine makes dear")
     ap.add_argument("--stop-after", choices=["play"], help="only record the conversations (rerun to go on)")

@@ -135,6 +135,21 @@ def test_adapt_writes_the_checkpoint_with_the_best_held_back_tau(tiny, recorded,
 
 
 @pytest.mark.slow
+def test_adapt_rows_ends_training_and_spreads_the_checkpoints_over_them(tiny, recorded, tmp_path, monkeypatch,
+                                                                         capsys):
+    scripted_tau(monkeypatch, 2.0, [2.1, 2.2, 2.3, 2.4, 2.5, 2.6])
+    out = tmp_path / "adapted.gguf"
+    code = adapt_cli(tiny, recorded, out, tmp_path / "work", "--rows", "300", "--max-minutes", "10")
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
+    rows = [c["labelled_rows"] for c in record["checkpoints"]]
+    assert 300 <= record["labelled_rows"] < 300 + 12 * 3 + 1 and rows[-1] == record["labelled_rows"]
+    assert len(rows) >= 3 and rows == sorted(rows) and rows[0] < 300     # measured on the way, not only at the end
+    assert record["checkpoints"][-1]["train_minutes"] < 5 and record["adapt_settings"]["rows"] == 300
+
+
+@pytest.mark.slow
 def test_adapt_writes_nothing_when_no_checkpoint_beats_the_start(tiny, recorded, tmp_path, monkeypatch, capsys):
     scripted_tau(monkeypatch, 2.5, [2.4, 2.3, 2.45, 2.2])   # training only makes it worse on held-back requests
     folder, target, drafter, prompts = tiny

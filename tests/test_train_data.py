@@ -3,6 +3,7 @@ without duplicates, draft-vocabulary loss columns, the distillation targets, pre
 resume. The native tests use a tiny random llama target."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -302,6 +303,21 @@ def test_cut_and_supervised_slots_change_which_rows_carry_loss(tmp_path):
     torch.testing.assert_close(cut.loss(logits, labels, slots), (manual * w).sum() / w.sum())
     assert not kept.all()                                          # a random drafter is wrong somewhere
 
+
+
+def test_a_time_schedule_with_a_rows_cap_ends_at_the_rows_when_they_come_first(tmp_path):
+    # train --adapt --rows: on a fast (idle) machine the time box would train more, and more steps on a few
+    # hundred recorded requests lowered tau on unseen prompts (docs/learning.md); the rows end it instead
+    tr = _trainer(_dataset(tmp_path, _random_seqs()), rows=400, anchors_per_seq=8, eval_every=10**9,
+                  schedule_seconds=600.0, warmup=0.1, schedule_rows_cap=True)
+    half = pytest.approx(tr.s.lr * 0.5 * (1 + math.cos(math.pi * 0.4 / 0.9)))    # half-way, warm-up 10 %
+    assert tr.lr_at(200, 1.0) == half and tr.lr_at(0, 300.0) == half and tr.lr_at(200, 300.0) == half
+    assert tr.lr_at(400, 1.0) == 0.0                            # the further along of rows and seconds counts
+    tr.train(tmp_path / "ck", progress=False)
+    assert 400 <= tr.rows_seen < 400 + 8 * 3 + 1 and tr.seconds_before < 600.0     # the rows ended it
+    time_only = _trainer(_dataset(tmp_path / "b", _random_seqs()), rows=400, anchors_per_seq=8, eval_every=10**9,
+                         schedule_seconds=600.0, warmup=0.1)
+    assert time_only.lr_at(400, 1.0) > 0.0                      # without the cap the rows do not move the schedule
 
 
 def test_a_time_schedule_warms_up_decays_and_ends_training_when_its_seconds_are_spent(tmp_path):

@@ -42,6 +42,8 @@ class AdaptSettings:
     eval_held_back: int = 20        # most held-back conversations measured
     eval_tokens: int = 128
     checkpoints: int = 6            # held-back τ measured this many times, evenly over the training time
+    rows: int | None = None         # labelled rows at most: training and its schedule end at them or at the time
+                                    # box, whichever comes first (None: the time box alone)
     seed: int = 0
     threads: int = 0
     prompts: tuple[Path, ...] = ()  # the drafter's training prompts (replay, general set); (): the shipped set
@@ -289,15 +291,22 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
 
 def train_choosing(trainer, work: Path, seconds: float, n_checkpoints: int, choice: CheckpointChoice,
                    measure):
-    """Train to the end of `seconds`, pausing `n_checkpoints` times, evenly, to measure the held-back τ of the
-    drafter so far (`measure(trainer, its validation)`); the best one is kept as <work>/best.gguf. Returns the
-    last validation."""
-    every = seconds / max(n_checkpoints, 1)
+    """Train to the end of `seconds` (or of the trainer's rows budget, when its schedule ends there too), pausing
+    `n_checkpoints` times, evenly over whichever is further along, to measure the held-back τ of the drafter so
+    far (`measure(trainer, its validation)`); the best one is kept as <work>/best.gguf. Returns the last
+    validation."""
+    n = max(n_checkpoints, 1)
+    every = seconds / n
+    rows_every = trainer.total_rows / n if trainer.s.schedule_rows_cap else None
     result = None
-    while trainer.seconds_before < seconds:
+    while trainer.seconds_before < seconds and trainer.rows_seen < trainer.total_rows:
         steps = trainer.step
-        pause = min(seconds, (int(trainer.seconds_before / every + 1e-9) + 1) * every)
-        result = trainer.train(work / "checkpoint", progress=False, until_seconds=pause)
+        done = int(trainer.seconds_before / every + 1e-9)
+        if rows_every:
+            done = max(done, int(trainer.rows_seen / rows_every + 1e-9))
+        pause = min(seconds, (done + 1) * every)
+        stop_at = min(trainer.total_rows, round((done + 1) * rows_every)) if rows_every else None
+        result = trainer.train(work / "checkpoint", progress=False, until_seconds=pause, stop_at=stop_at)
         if trainer.step == steps:              # the schedule's end came first
             break
         point = {"step": trainer.step, "labelled_rows": trainer.rows_seen,
@@ -340,12 +349,14 @@ def prepare_data(target: TargetFile, config, pool: list[dict], train: list[Conve
 def continued_trainer(target: TargetFile, src, source: str, data, work: Path, s: AdaptSettings, seconds: float,
                       resume: bool):
     """A Trainer started from the drafter `src` read from `source` (its weights, taps, layers, block size and
-    draft vocabulary; with `resume`, from the work dir's checkpoint), with warm-up and cosine over `seconds`."""
+    draft vocabulary; with `resume`, from the work dir's checkpoint), with warm-up and cosine over `seconds` (or
+    over `s.rows` labelled rows, when given and they come first)."""
     from .pipeline import drafter_config  # noqa: PLC0415
     from .frozen_weights import embedding_and_head  # noqa: PLC0415
     from .trainer import Trainer, TrainSettings  # noqa: PLC0415
     c = src.config
-    settings = TrainSettings(n_layers=c.n_layers, block_size=c.block_size, lr=s.lr, warmup=0.05, rows=10**12,
+    settings = TrainSettings(n_layers=c.n_layers, block_size=c.block_size, lr=s.lr, warmup=0.05,
+                             rows=s.rows or 10**12, schedule_rows_cap=s.rows is not None,
                              schedule_seconds=seconds, eval_every=10**9, eval_seqs=16, seed=s.seed,
                              init_from_target=False, cut_at_first_error=True, markov_rank=c.markov_rank,
                              confidence_head=c.confidence_head)
@@ -360,7 +371,8 @@ def continued_trainer(target: TargetFile, src, source: str, data, work: Path, s:
         trainer.resume(work / "checkpoint")
         print(f"resumed after {trainer.seconds_before / 60:.1f} of {seconds / 60:.1f} training minutes",
               file=sys.stderr)
-    print(f"training for {(seconds - trainer.seconds_before) / 60:.1f} minutes on {len(data.index)} sequences "
+    cap = f" or {s.rows:,} labelled rows, whichever comes first," if s.rows else ""
+    print(f"training for {(seconds - trainer.seconds_before) / 60:.1f} minutes{cap} on {len(data.index)} sequences "
           f"(checkpoints in {work / 'checkpoint'}, held-back τ measured at {s.checkpoints} of them)", file=sys.stderr)
     return trainer
 

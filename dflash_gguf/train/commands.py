@@ -30,7 +30,9 @@ def register(app: typer.Typer) -> None:
         harvest_processes: int = typer.Option(1, "--harvest-processes", help="harvest in N processes side by "
                                               "side (with -t 1: faster than one N-threaded one on a busy CPU)"),
         rows: Optional[int] = typer.Option(None, "--rows", help="labelled block rows to train on (the schedule "
-                                           "runs over them; default: --epochs over the data)"),
+                                           "runs over them; default: --epochs over the data); with --adapt: at "
+                                           "most this many, the schedule ending at them or at --max-minutes, "
+                                           "whichever comes first (default: the time box alone)"),
         epochs: float = typer.Option(2.0, "--epochs"),
         max_minutes: Optional[float] = typer.Option(None, "--max-minutes", help="stop training after this long "
                                                     "(resume later with --resume)"),

@@ -58,6 +58,7 @@ def validate(o: SimpleNamespace) -> SimpleNamespace:
          "no top-k probabilities of the target; leave out --tv and --distill"),
         (0 < o.replay <= 10, "--replay", o.replay, "choose a share > 0 (1: as many replayed as recorded) up to 10"),
         (o.max_minutes is None or o.max_minutes > 0, "--max-minutes", o.max_minutes, "must be > 0"),
+        (o.rows is None or o.rows > 0, "--rows", o.rows, "must be > 0"),
         (o.eval_prompts >= 0, "--eval-prompts", o.eval_prompts, "must be >= 0"),
     ))
     return o

@@ -55,6 +55,9 @@ class TrainSettings:
     # the warm-up and cosine run over this many training seconds instead of the rows budget (a time-boxed
     # window, e.g. a lent GPU, whose throughput is not known in advance); training ends when they are spent
     schedule_seconds: float | None = None
+    # with schedule_seconds: the schedule also ends at the rows budget, whichever of the two is spent first (a
+    # time box whose training should not grow with the machine's speed: train --adapt --rows)
+    schedule_rows_cap: bool = False
     eval_every: int = 100
     eval_seqs: int = 64                 # validation sequences per evaluation (every anchor of each)
     ckpt_minutes: float = 5.0
@@ -265,9 +268,12 @@ class Trainer:
     # -- loop -----------------------------------------------------------------------------------
     def lr_at(self, rows_seen: int, seconds: float | None = None) -> float:
         """Linear warm-up, then cosine to zero at the end of the rows budget (of schedule_seconds, when set:
-        then `seconds` of training so far place the step on the schedule)."""
+        then `seconds` of training so far place the step on the schedule; with schedule_rows_cap, whichever of
+        seconds and rows is further along)."""
         if self.s.schedule_seconds:
             done = min(1.0, (seconds or 0.0) / self.s.schedule_seconds)
+            if self.s.schedule_rows_cap:
+                done = max(done, min(1.0, rows_seen / max(1, self.total_rows)))
             if done < self.s.warmup:
                 return self.s.lr * max(done / self.s.warmup, 1e-3)
             progress = (done - self.s.warmup) / max(1e-9, 1.0 - self.s.warmup)
