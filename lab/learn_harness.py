@@ -223,8 +223,12 @@ def speedup(name: str, drafter: Path, prompts: Path, out: Path, a, log: Path) ->
 
 def adapt_options(a) -> list[object]:
     """train --adapt's recipe options the harness was given (none: its defaults)."""
-    return [*(["--lr", a.adapt_lr] if a.adapt_lr else []), *(["--replay", a.adapt_replay] if a.adapt_replay is not None
-                                                               else [])]
+    options: list[object] = []
+    if a.adapt_lr:
+        options += ["--lr", a.adapt_lr]
+    if a.adapt_replay is not None:
+        options += ["--replay", a.adapt_replay]
+    return options
 
 
 def domain(name: str, a) -> dict:

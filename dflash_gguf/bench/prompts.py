@@ -18,7 +18,7 @@ class BenchPrompt:
     category: str
     text: str              # what the model sees as text (chat prompts rendered through the template)
     tokens: list[int]      # the same, tokenized by the target
-    upstream_text: str = ""  # what llama.cpp's tools must read to see `tokens` (they add BOS themselves)
+    upstream_text: str     # what llama.cpp's tools must read to see `tokens` (they add BOS themselves)
 
 
 def read_rows(files: list[Path], limit: int | None) -> list[dict]:

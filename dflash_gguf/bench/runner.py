@@ -77,7 +77,7 @@ def _generate(engine, tokens: list[int], n: int, baseline: str):
 def run_upstream(baseline: str, target: Path, p: BenchPrompt, n: int, repeat: int, up: UpstreamSettings,
                  plain_text: str | None) -> Run:
     from .upstream import run  # noqa: PLC0415
-    u = run(up.tools, baseline, target, p.upstream_text or p.text, n, **up.command_settings())
+    u = run(up.tools, baseline, target, p.upstream_text, n, **up.command_settings())
     # upstream's last verify can accept drafts past -n, so its text may run on after ours: ours must appear whole
     same = None if plain_text is None else plain_text.rstrip() in u.output
     # upstream's decode loop also produces the first token (ours comes from the prefill)
