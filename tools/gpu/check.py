@@ -58,10 +58,10 @@ TIMEOUTS = {"setup": 90, "build": 60, "tests": 180, "verify8b": 240, "moe": 240,
             "train": 520}
 TOOLS = ["llama-speculative-simple", "llama-bench"]
 PROFILES = {   # full: the H100 run the issue asks for; tiny: the CPU dry run (same steps, small everything)
-    "full": dict(bench_limit=10, n_predict=128, repeat=2, max_batch=16, reps=7, dense="qwen3-8b", moe="qwen3-moe",
-                 moe_n_predict=64, moe_repeat=2),
-    "tiny": dict(bench_limit=1, n_predict=8, repeat=1, max_batch=4, reps=2, dense="tiny-dense", moe="tiny-moe",
-                 moe_n_predict=8, moe_repeat=1),
+    "full": dict(bench_limit=10, n_predict=128, repeat=2, max_batch=16, lookup_max=32, reps=7, dense="qwen3-8b",
+                 moe="qwen3-moe", moe_n_predict=64, moe_repeat=2),
+    "tiny": dict(bench_limit=1, n_predict=8, repeat=1, max_batch=4, lookup_max=3, reps=2, dense="tiny-dense",
+                 moe="tiny-moe", moe_n_predict=8, moe_repeat=1),
 }
 LOG_TAIL_BYTES = 2 << 20        # per step in the returned log (the state folder keeps everything)
 
@@ -153,11 +153,13 @@ def cmd_tests(c: Check) -> list[Cmd]:
 
 
 def _curve(c: Check, name: str, model: Path | None = None) -> Cmd:
-    """`bench --cost-curve-only`: the engine's own t(B) for B up to max_batch; a model without a drafter (a random
-    one) through the lookup source, i.e. the verify curve alone."""
+    """`bench --cost-curve-only`: the engine's own t(B) for B up to the longest verify the profile lets the loop
+    make (a lookup draft of lookup_max + 1); a model without a drafter (a random one) through the lookup source, i.e.
+    the verify curve alone."""
     target = ["-m", str(model), "--draft-source", "lookup"] if model else []
     return Cmd([c.python, "-m", "dflash_gguf.cli", "bench", "--cost-curve-only", *target,
-                "--draft-max", str(c.profile["max_batch"] - 1), "-ngl", "99", "-t", str(_threads(c)),
+                "--draft-max", str(c.profile["max_batch"] - 1), "--lookup-max", str(c.profile["lookup_max"]),
+                "-ngl", "99", "-t", str(_threads(c)),
                 "--json", str(c.state / f"{name}.json")])
 
 
