@@ -128,6 +128,13 @@ extern "C" bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols) {
     }
 }
 
+// one quantized type's kernel of the variant `isa` (dflash_cpu_gemm, dflash_cpu_gemm_interleaved)
+#define DFLASH_CPU_GEMM_CASE(TYPE, fn)                                                                           \
+    case TYPE:                                                                                                  \
+        return isa == ISA_AVX512                                                                                \
+                   ? dflash_cpu::avx512::fn(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth) \
+                   : dflash_cpu::avx2::fn(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);
+
 extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t n_blocks,
                                 const void * A, size_t a_row_bytes, const void * B, size_t b_row_bytes,
                                 float * C, int64_t ldc, int ith, int nth) {
@@ -136,11 +143,6 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
         return false;
     }
 #if DFLASH_CPU_VARIANTS
-#define DFLASH_CPU_GEMM_CASE(TYPE, fn)                                                                           \
-    case TYPE:                                                                                                  \
-        return isa == ISA_AVX512                                                                                \
-                   ? dflash_cpu::avx512::fn(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth) \
-                   : dflash_cpu::avx2::fn(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);
     switch (type) {
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_0, gemm_q4_0)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_1, gemm_q4_1)
@@ -154,13 +156,61 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
         default:
             return false;
     }
-#undef DFLASH_CPU_GEMM_CASE
 #else
     (void) type; (void) n_rows; (void) n_cols; (void) n_blocks; (void) A; (void) a_row_bytes; (void) B;
     (void) b_row_bytes; (void) C; (void) ldc; (void) ith; (void) nth;
     return false;
 #endif
 }
+
+extern "C" bool dflash_cpu_interleave_wanted(enum ggml_type type, int64_t n_rows) {
+    return (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K) && n_rows > 0 && n_rows % 8 == 0 &&
+           current_isa() != ISA_NONE;
+}
+
+extern "C" void dflash_cpu_interleave(enum ggml_type type, int64_t n_rows, size_t row_bytes, const void * src,
+                                      void * dst) {
+    const size_t block = ggml_type_size(type);
+    GGML_ASSERT(n_rows % 8 == 0 && block % 4 == 0 && row_bytes % block == 0);
+    const size_t words = block / 4;
+    const int64_t n_blocks = (int64_t) (row_bytes / block);
+    for (int64_t r0 = 0; r0 < n_rows; r0 += 8) {
+        const char * rows = (const char *) src + r0 * row_bytes;
+        char * tile = (char *) dst + r0 * row_bytes;
+        for (int64_t b = 0; b < n_blocks; ++b) {
+            char * out = tile + b * 8 * block;
+            for (int r = 0; r < 8; ++r) {
+                const char * in = rows + r * row_bytes + b * block;
+                for (size_t w = 0; w < words; ++w) {
+                    memcpy(out + 32 * w + 4 * r, in + 4 * w, 4);
+                }
+            }
+        }
+    }
+}
+
+extern "C" bool dflash_cpu_gemm_interleaved(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t n_blocks,
+                                            const void * A, size_t a_row_bytes, const void * B, size_t b_row_bytes,
+                                            float * C, int64_t ldc, int ith, int nth) {
+#if DFLASH_CPU_VARIANTS
+    const Isa isa = current_isa() != ISA_NONE ? current_isa() : best_isa();
+    if (isa == ISA_NONE) {
+        return false;
+    }
+    switch (type) {
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_K, gemm_q4_k_interleaved)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_K, gemm_q5_k_interleaved)
+        default:
+            return false;
+    }
+#else
+    (void) type; (void) n_rows; (void) n_cols; (void) n_blocks; (void) A; (void) a_row_bytes; (void) B;
+    (void) b_row_bytes; (void) C; (void) ldc; (void) ith; (void) nth;
+    return false;
+#endif
+}
+
+#undef DFLASH_CPU_GEMM_CASE
 
 extern "C" bool dflash_cpu_quantize_row_q8_K(const float * x, void * y, int64_t k) {
     const Isa isa = current_isa();

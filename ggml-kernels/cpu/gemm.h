@@ -38,6 +38,23 @@ bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_
                      const void * A, size_t a_row_bytes, const void * B, size_t b_row_bytes,
                      float * C, int64_t ldc, int ith, int nth);
 
+// Interleaved weights: the types whose kernels read a tile of 8 rows fastest as one stream of words (Q4_K and Q5_K:
+// without the per-call transposes, one column took 0.67x and 8 columns 0.77x the time in ggml's row layout) are kept,
+// from load, with each block of each tile of 8 rows stored as its 4-byte words, word w of row r at 32 w + 4 r
+// (the bytes of 8 rows; the rows' order within a block changes, nothing else). ggml-cpu's repack buffer keeps them so
+// (patches/0014). Whether weights of `type` with n_rows rows (a 2-D matrix) are kept that way on this CPU:
+bool dflash_cpu_interleave_wanted(enum ggml_type type, int64_t n_rows);
+
+// Write n_rows rows of `type` (row_bytes each; n_rows a multiple of 8) from src to dst interleaved.
+void dflash_cpu_interleave(enum ggml_type type, int64_t n_rows, size_t row_bytes, const void * src, void * dst);
+
+// dflash_cpu_gemm on interleaved weights (A as dflash_cpu_interleave wrote it; a_row_bytes the rows' size). The
+// bits equal dflash_cpu_gemm's on the same weights in ggml's layout at every width. Runs where the kernels are
+// switched off after the weights were interleaved too (DFLASH_CPU_ISA=none set at run time: nothing else reads them).
+bool dflash_cpu_gemm_interleaved(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t n_blocks,
+                                 const void * A, size_t a_row_bytes, const void * B, size_t b_row_bytes,
+                                 float * C, int64_t ldc, int ith, int nth);
+
 // The same for F16 / F32 weights of k values per row and F32 activations read in place (B: n_cols
 // rows of k floats, row stride b_row_bytes).
 bool dflash_cpu_gemm_f32_act(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t k,

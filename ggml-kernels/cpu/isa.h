@@ -12,9 +12,13 @@
 #include <stdint.h>
 
 // quantized weights x activations converted to their vec_dot_type (gemm.h: dflash_cpu_gemm)
+// (name_interleaved: A's tiles of 8 rows word-interleaved, gemm.h: dflash_cpu_gemm_interleaved)
 #define DFLASH_CPU_QUANT_GEMM(name)                                                                               \
     bool name(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,             \
-              const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth);
+              const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth);                    \
+    bool name##_interleaved(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,                   \
+                            size_t a_row_bytes, const void * B, size_t b_row_bytes, float * C, int64_t ldc,     \
+                            int ith, int nth);
 
 #define DFLASH_CPU_VARIANT_ENTRY_POINTS                                                                        \
     DFLASH_CPU_QUANT_GEMM(gemm_q4_0)                                                                           \

@@ -332,6 +332,7 @@ struct Tile {
     size_t stride;         // bytes from one row to the next
     const char * next;     // first byte of the thread's next tile, or nullptr
     size_t next_step;      // bytes of the next tile to prefetch per block
+    bool interleaved = false;   // the tile's rows word-interleaved by block (gemm.h: dflash_cpu_interleave)
 
     // Rows 0..7 of block b (of block_size bytes), spelled so that a base, a stride and 3*stride
     // address all 8 and the loop keeps few registers for them.
@@ -355,11 +356,14 @@ struct Tile {
     // interleaved rows well, so fetch the next tile in step with this one. Measured over the 30 SmolLM2
     // layers (Q4_1, 63 MB, 1 thread): without it B=1 took 8.9 ms (ggml's vec_dot: 7.5), with it 5.4;
     // prefetching 2 or 4 tiles ahead or into L2 only (T1/T2) was not better.
-    DFLASH_INLINE void prefetch_next(int64_t b) const {
+    // Part `part` of `parts` of it: the K-quants' blocks are large (28 lines of Q6_K's 8 rows), and one burst of
+    // prefetches waits for free miss buffers where unpacking and dot steps could run
+    DFLASH_INLINE void prefetch_next(int64_t b, int part = 0, int parts = 1) const {
         if (next != nullptr) {
             const char * p = next + b * next_step;
-            for (size_t off = 0; off < next_step + 63; off += 64) {
-                _mm_prefetch(p + off, _MM_HINT_T0);
+            const size_t lines = (next_step + 126) / 64;    // the lines `next_step` bytes from p can touch
+            for (size_t l = lines * part / parts; l < lines * (part + 1) / parts; ++l) {
+                _mm_prefetch(p + 64 * l, _MM_HINT_T0);
             }
         }
     }
@@ -369,16 +373,51 @@ struct Tile {
 };
 
 // Block b of each of a tile's 8 rows (Tile::rows), and what the K-quants' unpacking reads from them: lane r = row r
+// An interleaved tile stores block b of its rows as words: 4-byte word w of row r at 32 * w + 4 * r, so a
+// word's 8 rows are one vector already, lane r = row r (offsets of multiples of 4 only).
 template <typename Row>
 struct TileRows {
     const Row * r[TILE_ROWS];
+    const char * words = nullptr;   // block b of an interleaved tile
 
-    DFLASH_INLINE TileRows(const Tile & t, int64_t b) { t.rows(b, r); }
+    DFLASH_INLINE TileRows(const Tile & t, int64_t b) {
+        if constexpr (sizeof(Row) % 4 == 0) {   // formats of whole words only (dflash_cpu_interleave_wanted)
+            if (t.interleaved) {
+                words = t.base + b * (int64_t) (TILE_ROWS * sizeof(Row));
+                return;
+            }
+        }
+        t.rows(b, r);
+    }
 
     // 32 bytes at offset of each row, transposed by 4-byte groups (transpose_groups)
-    DFLASH_INLINE void transposed(size_t offset, __m256i (&out)[TILE_ROWS]) const { load_transposed(r, offset, out); }
-    DFLASH_INLINE __m256i lanes_u32(size_t offset) const { return load_lanes_u32(r, offset); }
-    DFLASH_INLINE __m256 lanes_f16(size_t offset) const { return load_lanes_f16(r, offset); }
+    DFLASH_INLINE void transposed(size_t offset, __m256i (&out)[TILE_ROWS]) const {
+        if (words != nullptr) {
+            for (int k = 0; k < TILE_ROWS; ++k) {
+                out[k] = word_lanes(offset + 4 * k);
+            }
+        } else {
+            load_transposed(r, offset, out);
+        }
+    }
+    DFLASH_INLINE __m256i lanes_u32(size_t offset) const {
+        return words != nullptr ? word_lanes(offset) : load_lanes_u32(r, offset);
+    }
+    DFLASH_INLINE __m256 lanes_f16(size_t offset) const {
+        if (words == nullptr) {
+            return load_lanes_f16(r, offset);
+        }
+        // the fp16 in the low or high half of its word, packed to 8 halves in row order
+        const __m256i w = word_lanes(offset & ~(size_t) 3);
+        const __m256i h = offset % 4 == 0 ? _mm256_and_si256(w, _mm256_set1_epi32(0xFFFF)) : _mm256_srli_epi32(w, 16);
+        const __m256i packed = _mm256_permutevar8x32_epi32(_mm256_packus_epi32(h, h), _mm256_setr_epi32(0, 1, 4, 5, 0, 1, 4, 5));
+        return _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
+    }
+
+  private:
+    DFLASH_INLINE __m256i word_lanes(size_t offset) const {
+        return _mm256_loadu_si256((const __m256i *) (words + 8 * offset));
+    }
 };
 
 // sum over N groups of 4 of q * p for the rows of a packed block (q[0..N), lane r = row r) and 4N
@@ -571,9 +610,10 @@ DFLASH_NOINLINE void tile_direct(const Tile & t, int64_t n_blocks, const Activat
         sum[j] = V::zerof();
     }
     for (int64_t b = 0; b < n_blocks; ++b) {
-        t.prefetch_next(b);
+        t.prefetch_next(b, 0, 2);
         typename Format::template PackedT<V> w;
         unpack_lanes<Format, V>(t, b, w);
+        t.prefetch_next(b, 1, 2);
         accumulate_block<Format, RN, V>(w, a, b, j0, sum);
     }
     for (int j = 0; j < RN; ++j) {
@@ -711,9 +751,10 @@ void tile_in_lanes(const Tile & tile, int valid, int64_t n_blocks, int64_t n_col
 }
 
 // The whole product for one format; Format::column_scale gives each activation block's Format::Scale.
+// interleaved: A's tiles of 8 rows word-interleaved (n_rows a multiple of 8; formats whose lanes read TileRows)
 template <class Format>
 void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,
-               const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth) {
+               const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth, bool interleaved) {
     static thread_local Scratch<Format> scratch;
 
     const int64_t n_tiles = (n_rows + TILE_ROWS - 1) / TILE_ROWS;
@@ -735,7 +776,9 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
         }
     }
     const Activations<Format> act{q, scale, n_cols};
-    const bool rowwise = n_cols <= Format::ROWWISE_MAX;
+    // an interleaved tile has no rows to read one after the other: every width in lanes
+    const bool rowwise = !interleaved && n_cols <= Format::ROWWISE_MAX;
+    GGML_ASSERT(!interleaved || (Format::TILED && n_rows % TILE_ROWS == 0));
     const size_t row_data = n_blocks * sizeof(typename Format::Block);
 
     for (int64_t t = tile0; t < tile1;) {
@@ -744,7 +787,7 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
 #if DFLASH_CPU_GEMM_V16
         // two whole tiles of this thread's share side by side (the next pair is fetched ahead)
         if constexpr (Format::TILED && Format::PAIR_TILES) {
-            if (!rowwise && t + 1 < tile1 && r0 + 2 * TILE_ROWS <= n_rows) {
+            if (!rowwise && !interleaved && t + 1 < tile1 && r0 + 2 * TILE_ROWS <= n_rows) {
                 const Tile pair{(const char *) A + r0 * a_row_bytes, a_row_bytes,
                                 t + 2 < tile1 ? (const char *) A + (r0 + 2 * TILE_ROWS) * a_row_bytes : nullptr,
                                 2 * TILE_ROWS * a_row_bytes / n_blocks};
@@ -756,7 +799,7 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
 #endif
         Tile tile{(const char *) A + r0 * a_row_bytes, a_row_bytes,
                   t + 1 < tile1 ? (const char *) A + (r0 + TILE_ROWS) * a_row_bytes : nullptr,
-                  TILE_ROWS * a_row_bytes / n_blocks};
+                  TILE_ROWS * a_row_bytes / n_blocks, interleaved};
         if (valid < TILE_ROWS) {   // pad with copies of the last row; their results are dropped
             char * pad = grow(scratch.tail, TILE_ROWS * row_data);
             for (int r = 0; r < TILE_ROWS; ++r) {
@@ -798,12 +841,24 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
 #define DFLASH_CPU_GEMM_ENTRY(name, Format)                                                                       \
     bool name(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,             \
               const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth) {                   \
-        tile_gemm<Format>(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);         \
+        tile_gemm<Format>(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth, false);  \
         return true;                                                                                          \
+    }                                                                                                         \
+    bool name##_interleaved(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes, \
+                            const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth) {   \
+        if constexpr (Format::TILED) {                                                                        \
+            tile_gemm<Format>(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth, true); \
+            return true;                                                                                      \
+        }                                                                                                     \
+        return false;                                                                                         \
     }
 #else
 #define DFLASH_CPU_GEMM_ENTRY(name, Format)                                                                       \
     bool name(int64_t, int64_t, int64_t, const void *, size_t, const void *, size_t, float *, int64_t, int, int) { \
+        return false;                                                                                         \
+    }                                                                                                         \
+    bool name##_interleaved(int64_t, int64_t, int64_t, const void *, size_t, const void *, size_t, float *,    \
+                            int64_t, int, int) {                                                              \
         return false;                                                                                         \
     }
 #endif

@@ -1,0 +1,106 @@
+"""Interleaved K-quant weights (gemm.h: dflash_cpu_interleave, patches/0014): Q4_K and Q5_K matrices whose rows are a
+multiple of 8 are kept, from load, with each block of each tile of 8 rows stored as its 4-byte words, so the kernels
+read a tile as one stream with no transposes. The layout must change nothing but speed: through the C entry points,
+on every instruction-set variant this CPU runs and with the rows split over threads, the product of the interleaved
+weights equals the product of the same weights in ggml's layout bit for bit at every batch width (which
+tests/test_cpu_kernels.py checks against float64, ggml's stock path and across widths). Models load through it in
+every engine test (tests/test_engine.py, tests/test_exactness.py: SmolLM2 Q4_K_M's matrices are all interleaved)."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dflash_gguf.native.cpu_kernels import CpuKernels
+from dflash_gguf.native.lib import libname, load
+from lab.matmul_probe import GGML_TYPES, MatmulProbe
+
+BATCHES = list(range(1, 17)) + [40]
+Q8_K_BYTES = 292                    # one block_q8_K: its activations' row bytes per 256 values
+_P, _I64, _SZ = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
+_GEMM_ARGS = [ctypes.c_int, _I64, _I64, _I64, _P, _SZ, _P, _SZ, _P, _I64, ctypes.c_int, ctypes.c_int]
+
+
+@pytest.fixture(scope="module")
+def native():
+    return load()
+
+
+@pytest.fixture(scope="module")
+def kernels(native):
+    k = CpuKernels(native)
+    chosen = k.isa
+    yield k
+    k.set_isa(chosen)
+
+
+@pytest.fixture(scope="module")
+def cpu(native):
+    lib = ctypes.CDLL(str(Path(native.lib_dir) / libname("ggml-cpu")))
+    lib.dflash_cpu_interleave_wanted.argtypes, lib.dflash_cpu_interleave_wanted.restype = [ctypes.c_int, _I64], ctypes.c_bool
+    lib.dflash_cpu_interleave.argtypes, lib.dflash_cpu_interleave.restype = [ctypes.c_int, _I64, _SZ, _P, _P], None
+    for f in (lib.dflash_cpu_gemm, lib.dflash_cpu_gemm_interleaved):
+        f.argtypes, f.restype = _GEMM_ARGS, ctypes.c_bool
+    lib.dflash_cpu_quantize_row_q8_K.argtypes, lib.dflash_cpu_quantize_row_q8_K.restype = [_P, _P, _I64], ctypes.c_bool
+    return lib
+
+
+def _product(gemm, weight_type: str, weights: np.ndarray, acts: np.ndarray, n: int, nth: int) -> np.ndarray:
+    """[n, n_rows] float32: the first n activation rows (Q8_K) times the weights, the rows split over nth calls."""
+    n_rows, row_bytes = weights.shape
+    n_blocks = acts.shape[1] // Q8_K_BYTES
+    out = np.full((n, n_rows), np.nan, np.float32)
+    for ith in range(nth):
+        assert gemm(GGML_TYPES[weight_type], n_rows, n, n_blocks, weights.ctypes.data, row_bytes, acts.ctypes.data,
+                    acts.shape[1], out.ctypes.data, n_rows, ith, nth)
+    return out
+
+
+@pytest.mark.parametrize("weight_type", ["q4_k", "q5_k"])
+def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu, weight_type):
+    if kernels.isa == "none":
+        pytest.skip("our CPU kernels do not run on this CPU")
+    rng = np.random.default_rng(23)
+    n_rows, k = 200, 768                       # 25 tiles of 8 rows, 3 super-blocks per row
+    probe = MatmulProbe(native, weight_type, [(n_rows, k)], [1])
+    w = rng.standard_normal((n_rows, k), dtype=np.float32)
+    w[:, : k // 2] += 0.5                      # super-blocks with a clearly non-zero min
+    raw = probe.quantize(w)
+    probe.close()
+    kind = GGML_TYPES[weight_type]
+    assert cpu.dflash_cpu_interleave_wanted(kind, n_rows)
+    assert not cpu.dflash_cpu_interleave_wanted(kind, n_rows - 4)          # a partial tile stays in ggml's layout
+    assert not cpu.dflash_cpu_interleave_wanted(GGML_TYPES["q6_k"], n_rows)
+    inter = np.empty_like(raw)
+    cpu.dflash_cpu_interleave(kind, n_rows, raw.shape[1], raw.ctypes.data, inter.ctypes.data)
+    assert not np.array_equal(inter, raw) and np.array_equal(np.sort(inter, axis=None), np.sort(raw, axis=None))
+    # word w of row r of a tile's block b at 32 w + 4 r: the first tile's second block, row 3, word 5
+    block = raw.shape[1] // 3
+    assert np.array_equal(inter[:8].reshape(-1)[8 * block + 32 * 5 + 4 * 3:][:4], raw[3, block + 20:block + 24])
+
+    x = rng.standard_normal((max(BATCHES), k), dtype=np.float32)
+    acts = np.empty((max(BATCHES), k // 256 * Q8_K_BYTES), np.uint8)
+    for j in range(len(x)):
+        assert cpu.dflash_cpu_quantize_row_q8_K(x[j].ctypes.data, acts[j].ctypes.data, k)
+    chosen, by_isa = kernels.isa, {}
+    try:
+        for isa in [i for i in kernels.runnable() if i != "none"]:
+            assert kernels.set_isa(isa)
+            for n in BATCHES:
+                for nth in (1, 2):
+                    ours = _product(cpu.dflash_cpu_gemm_interleaved, weight_type, inter, acts, n, nth)
+                    rows = _product(cpu.dflash_cpu_gemm, weight_type, raw, acts, n, nth)
+                    assert np.array_equal(ours.view(np.uint32), rows.view(np.uint32)), (isa, n, nth)
+            by_isa[isa] = ours
+        # weights interleaved at load stay readable when the kernels are switched off afterwards
+        best = kernels.runnable()[0]
+        assert kernels.set_isa("none")
+        off = _product(cpu.dflash_cpu_gemm_interleaved, weight_type, inter, acts, 5, 2)
+        assert np.array_equal(off.view(np.uint32), by_isa[best][:5].view(np.uint32))
+        assert not cpu.dflash_cpu_interleave_wanted(kind, n_rows)         # nothing is interleaved from now on
+    finally:
+        kernels.set_isa(chosen)
+    assert len(by_isa) == len(kernels.runnable()) - 1                     # every variant but "none" was checked
