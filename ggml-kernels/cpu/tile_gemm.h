@@ -377,7 +377,7 @@ struct Tile {
 // word's 8 rows are one vector already, lane r = row r (offsets of multiples of 4 only).
 template <typename Row>
 struct TileRows {
-    const Row * r[TILE_ROWS];
+    const Row * r[TILE_ROWS] = {};
     const char * words = nullptr;   // block b of an interleaved tile
 
     DFLASH_INLINE TileRows(const Tile & t, int64_t b) {
