@@ -60,6 +60,7 @@ def validate(o: SimpleNamespace) -> SimpleNamespace:
         (o.max_minutes is None or o.max_minutes > 0, "--max-minutes", o.max_minutes, "must be > 0"),
         (o.rows is None or o.rows > 0, "--rows", o.rows, "must be > 0"),
         (o.eval_prompts >= 0, "--eval-prompts", o.eval_prompts, "must be >= 0"),
+        (o.general_drop >= 0, "--general-drop", o.general_drop, "must be >= 0 (a fall in τ the checkpoint may have)"),
     ))
     return o
 
