@@ -24,7 +24,7 @@ def resolved(options: dict) -> SimpleNamespace:
     if o.n_gpu_layers is None:
         o.n_gpu_layers = 999 if o.device == "cuda" else 0
     if o.lr is None:
-        o.lr = 4e-4 if o.adapt is not None else 8e-4
+        o.lr = 1.5e-4 if o.adapt is not None else 8e-4
     return o
 
 
