@@ -228,6 +228,10 @@ def adapt_options(a) -> list[object]:
         options += ["--lr", a.adapt_lr]
     if a.adapt_replay is not None:
         options += ["--replay", a.adapt_replay]
+    if a.adapt_rows:
+        options += ["--rows", a.adapt_rows]
+    if a.adapt_general_drop is not None:
+        options += ["--general-drop", a.adapt_general_drop]
     return options
 
 
@@ -262,7 +266,7 @@ def domain(name: str, a) -> dict:
               "system_prompt": persona.system if persona else None, "played": played,
               "adapt": {k: adapt_record[k] for k in ("recorded_train", "recorded_held_back", "replayed",
                                                      "labelled_rows", "minutes", "tau_before", "tau_after",
-                                                     "checkpoints", "kept", "written")},
+                                                     "checkpoints", "kept", "written", "general_drop")},
               "adapt_options": [str(x) for x in adapt_options(a)],
               "adapt_wall_minutes": round((time.time() - t0) / 60, 1)}
     from dflash_gguf.bench.prompts import read_rows
@@ -277,7 +281,8 @@ def domain(name: str, a) -> dict:
 
 
 def table(results: list[dict], a) -> str:
-    lines = [f"| domain | conversations recorded | adapt (min, rows) | τ held back: start → checkpoints | written | "
+    lines = [f"| domain | conversations recorded | adapt (min, rows) | τ held back (general set): start → checkpoints | "
+             f"written | "
              f"τ unseen domain prompts ({a.test}) | τ ../shared/prompts (first {a.shared}/category) | "
              f"greedy = plain | hybrid speedup ({a.speedup} prompts) |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -287,9 +292,11 @@ def table(results: list[dict], a) -> str:
         if b["speedup"] and f["speedup"]:
             sp = f"{_speed(b['speedup'])} → {_speed(f['speedup'])}"
         ad = r["adapt"]
-        held = " / ".join(f"{c['tau_held_back']:.2f}" for c in ad["checkpoints"])
+        held = " / ".join(f"{c['tau_held_back']:.2f}" + (f" ({c['tau_general']:.2f})" if c.get("tau_general") else "")
+                          for c in ad["checkpoints"])
         lines.append(f"| {r['domain']} | {r['played']['recorded']} | {ad['minutes']}, {ad['labelled_rows']:,} | "
-                     f"{ad['tau_before']['held_back']:.2f} → {held} | {'yes' if ad['written'] else 'no'} | "
+                     f"{ad['tau_before']['held_back']:.2f} ({ad['tau_before']['general']:.2f}) → {held} | "
+                     f"{'yes' if ad['written'] else 'no'} | "
                      f"{b['domain_tau']['tau_overall']:.3f} → {f['domain_tau']['tau_overall']:.3f} | "
                      f"{b['shared_tau']['tau_overall']:.3f} → {f['shared_tau']['tau_overall']:.3f} | "
                      f"{r['greedy_equal']['equal']}/{r['greedy_equal']['prompts']} | {sp} |")
@@ -316,6 +323,8 @@ def main() -> None:
                     help="train --adapt --eval-prompts (its general set, per category)")
     ap.add_argument("--adapt-lr", type=float, help="train --adapt --lr (default: its own)")
     ap.add_argument("--adapt-replay", type=float, help="train --adapt --replay (default: its own)")
+    ap.add_argument("--adapt-rows", type=int, help="train --adapt --rows (default: none, the time box alone)")
+    ap.add_argument("--adapt-general-drop", type=float, help="train --adapt --general-drop (default: its own)")
     ap.add_argument("--threads", type=int, default=1, help="one thread: ggml's threads wait for each other at "
                     "every op, which a busy machine makes dear")
     ap.add_argument("--stop-after", choices=["play"], help="only record the conversations (rerun to go on)")

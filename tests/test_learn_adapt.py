@@ -1,7 +1,8 @@
 """`run --learn` records, `train --adapt` continues a drafter on the records: on a tiny random target, a store
 from another target is refused in one line, the input drafter is never overwritten, the drafter written is the
-checkpoint with the best held-back τ and none is written when no checkpoint beats the start (unless --force),
-and greedy decoding with the adapted drafter equals plain decoding."""
+checkpoint with the best held-back τ among those that hold the general-set τ (--general-drop), none is written when
+no such checkpoint beats the start (unless --force), and greedy decoding with the adapted drafter equals plain
+decoding."""
 
 import hashlib
 import json
@@ -46,18 +47,22 @@ def adapt_cli(tiny, recorded, out, work, *extra):
                "--max-minutes", "0.1", "-t", "1", "--work-dir", work, "--data-dir", replay, *extra)
 
 
-def scripted_tau(monkeypatch, start: float, checkpoints: list[float]) -> dict:
-    """Held-back τ made up instead of measured: `start` for the drafter adapting starts from (the first file
-    measured), then checkpoints[i] for the i-th new file (the last value repeated). Returns {file sha256: τ}."""
+def scripted_tau(monkeypatch, start: float, checkpoints: list[float], general: tuple[float, list[float]] = (1.5, [1.5])
+                 ) -> dict:
+    """τ made up instead of measured: on the held-back requests `start` for the drafter adapting starts from (the
+    first file measured), then checkpoints[i] for the i-th new file (the last value repeated); on the general set
+    likewise general[0], then general[1][i]. Returns {file sha256: held-back τ}."""
     from dflash_gguf.train.adapt import Yardstick
     given: dict[str, float] = {}
+    generals: dict[str, float] = {}
 
-    def tau(self, drafter, held_back_only=False):
+    def tau(self, drafter):
         key = sha(drafter)
         if key not in given:
-            given[key] = start if not given else checkpoints[min(len(given) - 1, len(checkpoints) - 1)]
-        held = {"held_back": given[key]}
-        return held if held_back_only else held | {"general": 1.5, "general_by_category": {"chat": 1.5}}
+            i = len(given) - 1
+            given[key] = start if i < 0 else checkpoints[min(i, len(checkpoints) - 1)]
+            generals[key] = general[0] if i < 0 else general[1][min(i, len(general[1]) - 1)]
+        return {"held_back": given[key], "general": generals[key], "general_by_category": {"chat": generals[key]}}
     monkeypatch.setattr(Yardstick, "tau", tau)
     return given
 
@@ -132,6 +137,44 @@ def test_adapt_writes_the_checkpoint_with_the_best_held_back_tau(tiny, recorded,
     assert given[sha(out)] == 2.6                           # not the last checkpoint's file
     assert record["tau_after"]["held_back"] == 2.6 and record["tau_before"]["held_back"] == 2.0
     assert "the best of" in captured.out
+    assert [c["tau_general"] for c in record["checkpoints"]][:3] == [1.5, 1.5, 1.5]     # measured at each
+
+
+@pytest.mark.slow
+def test_adapt_keeps_only_checkpoints_that_hold_the_general_set(tiny, recorded, tmp_path, monkeypatch, capsys):
+    # held back: the second checkpoint is the best (what was written before --general-drop), but it lost 0.34 on
+    # the general set; the first held it but is worse than the third, which fell 0.04 (within 0.05)
+    given = scripted_tau(monkeypatch, 2.0, [2.1, 2.6, 2.2, 2.05], (2.24, [2.23, 1.90, 2.20, 2.24]))
+    out = tmp_path / "adapted.gguf"
+    code = adapt_cli(tiny, recorded, out, tmp_path / "work", "--general-drop", "0.05")
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
+    points = [(c["tau_held_back"], c["tau_general"]) for c in record["checkpoints"]]
+    assert len(points) >= 3 and points[:3] == [(2.1, 2.23), (2.6, 1.90), (2.2, 2.20)]
+    assert record["kept"] == record["checkpoints"][2] and record["written"] and record["general_drop"] == 0.05
+    assert given[sha(out)] == 2.2 and record["tau_after"]["general"] == 2.20
+
+    # a tolerance of 0.03 rules the third out too: the first (2.1 held back, 2.23 general) is written
+    scripted_tau(monkeypatch, 2.0, [2.1, 2.6, 2.2, 2.05], (2.24, [2.23, 1.90, 2.20, 2.24]))
+    code = adapt_cli(tiny, recorded, out, tmp_path / "work2", "--general-drop", "0.03", "--force")
+    assert code == 0, capsys.readouterr().err
+    record = json.loads((tmp_path / "work2" / "adapt-record.json").read_text())
+    assert record["kept"]["tau_held_back"] == 2.1 and record["kept"]["tau_general"] == 2.23
+
+
+@pytest.mark.slow
+def test_adapt_writes_nothing_when_the_better_checkpoints_lose_the_general_set(tiny, recorded, tmp_path, monkeypatch,
+                                                                               capsys):
+    scripted_tau(monkeypatch, 2.0, [1.9, 2.6, 2.3, 1.95], (2.24, [2.24, 1.90, 2.10, 2.24]))
+    out = tmp_path / "adapted.gguf"
+    code = adapt_cli(tiny, recorded, out, tmp_path / "work", "--general-drop", "0.05")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and not out.exists()
+    assert "not written: the 2 checkpoint(s) that beat d.gguf on the 1 held-back recorded requests (τ 2.00, best " \
+           "2.60) lost more than 0.05 τ on the general set (2.24 → at most 2.10; --general-drop)" in err[-1]
+    record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
+    assert not record["written"] and record["kept"]["tau_held_back"] in (1.9, 1.95)  # held the general set
 
 
 @pytest.mark.slow

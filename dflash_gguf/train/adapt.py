@@ -8,15 +8,17 @@ A tenth of the recorded conversations is held back: τ before and after, on them
 (held-back prompts of the shipped set), is measured through llama.cpp as `bench --tau` measures it.
 
 Training on a few hundred conversations can make the drafter worse on requests it has not seen while its loss
-falls (docs/learning.md), so the held-back τ is also measured at checkpoints during training: the drafter
-written is the best checkpoint, and none at all (unless --force) if no checkpoint beats the drafter it started
-from.
+falls, and worse on what is not the user's traffic while the held-back τ still rises (docs/learning.md), so both
+are measured at checkpoints during training: the drafter written is the checkpoint best on the held-back requests
+among those that keep the general set's τ within --general-drop of the start's, and none at all (unless --force)
+if no such checkpoint beats the drafter it started from.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import sys
 import time
@@ -37,11 +39,12 @@ class AdaptSettings:
     minutes: float = 20.0           # data preparation + training (the measurements come on top)
     replay: float = 1.0             # replayed sequences of the original distribution per recorded one
     held_back: float = 0.1          # share of the recorded conversations kept out of training, for τ
-    lr: float = 4e-4                # peak; warm-up and cosine run over the training part of the time box
+    lr: float = 1.5e-4              # peak; warm-up and cosine run over the training part of the time box
     eval_per_category: int = 5      # prompts per category of the general set
     eval_held_back: int = 20        # most held-back conversations measured
     eval_tokens: int = 128
-    checkpoints: int = 6            # held-back τ measured this many times, evenly over the training time
+    checkpoints: int = 6            # τ measured this many times, evenly over the training time
+    general_drop: float = 0.05      # a checkpoint is kept only if its general-set τ fell by at most this much
     rows: int | None = None         # labelled rows at most: training and its schedule end at them or at the time
                                     # box, whichever comes first (None: the time box alone)
     seed: int = 0
@@ -174,15 +177,13 @@ class Yardstick:
         self.rows += [{**r, "category": f"general:{r.get('category', 'chat')}"} for r in general]
         self.conts = None
 
-    def tau(self, drafter: Path, held_back_only: bool = False) -> dict:
-        """{"held_back", "general", "general_by_category"}; only "held_back" with held_back_only (the cheap
-        measurement taken at checkpoints)."""
+    def tau(self, drafter: Path) -> dict:
+        """{"held_back", "general" (nan without a general set), "general_by_category"}."""
         from ..bench.tau import NativeDraftProbe, continuations, walk_tau  # noqa: PLC0415
         probe = NativeDraftProbe(self.target, drafter, self.s.threads)
         try:
             self.conts = self.conts or continuations(probe, self.rows, self.s.eval_tokens)
-            walked = [c for c in self.conts if not held_back_only or c.row["category"] == "held_back"]
-            report = walk_tau(probe, walked)
+            report = walk_tau(probe, self.conts)
         finally:
             probe.close()
 
@@ -190,8 +191,6 @@ class Yardstick:
             got = [p for p in report.per_prompt if keep(p["category"])]
             calls = sum(p["calls"] for p in got)
             return round(sum(p["tokens"] - 1 for p in got) / calls, 3) if calls else float("nan")
-        if held_back_only:
-            return {"held_back": pooled(lambda c: c == "held_back")}
         return {"held_back": pooled(lambda c: c == "held_back"), "general": pooled(lambda c: c.startswith("general:")),
                 "general_by_category": {c.removeprefix("general:"): round(v, 3) for c, v in report.by_category.items()
                                         if c.startswith("general:")}}
@@ -199,42 +198,68 @@ class Yardstick:
 
 @dataclass
 class CheckpointChoice:
-    """Early stopping on held-back τ: every checkpoint measured, the best kept (as `best_file`); it is written
-    only if it beats the drafter adapting started from (`start`, that drafter's held-back τ)."""
-    start: float
-    measured: list[dict] = field(default_factory=list)      # per checkpoint: step, rows, minutes, τ held back
+    """Early stopping on held-back τ that holds the general set. Every checkpoint is measured on both; the one kept
+    (`best`, as `best_file`) is the best on the held-back requests among those whose general-set τ fell by at most
+    `general_drop` below the start's (all of them when there is no general set), or, when none did, the best on
+    the held-back requests. It is written only if it holds the general set and beats the drafter adapting started
+    from on the held-back requests (`start`)."""
+    start: float                                            # τ of the starting drafter on the held-back requests
+    start_general: float | None = None                      # ... on the general set (None: no general set)
+    general_drop: float = 0.05
+    measured: list[dict] = field(default_factory=list)      # per checkpoint: step, rows, minutes, τ held back/general
     best: dict | None = None
+
+    def holds(self, point: dict) -> bool:
+        """The checkpoint's general-set τ fell by at most `general_drop` (1e-9: τ is rounded to 3 decimals)."""
+        return self.start_general is None or point["tau_general"] >= self.start_general - self.general_drop - 1e-9
 
     @property
     def improved(self) -> bool:
-        return self.best is not None and self.best["tau_held_back"] > self.start
+        return self.best is not None and self.holds(self.best) and self.best["tau_held_back"] > self.start
 
     def add(self, point: dict) -> bool:
-        """Record a checkpoint's measurement; True when it is the best one so far."""
+        """Record a checkpoint's measurement; True when it is the one to keep so far."""
         self.measured.append(point)
-        if self.best is None or point["tau_held_back"] > self.best["tau_held_back"]:
+        rank = lambda p: (self.holds(p), p["tau_held_back"])        # noqa: E731
+        if self.best is None or rank(point) > rank(self.best):
             self.best = point
             return True
         return False
+
+    def refusal(self, drafter: str, n_held: int) -> str:
+        """Why nothing is written (when not `improved`): no checkpoint beat the start on the held-back requests, or
+        the ones that did lost more than `general_drop` on the general set."""
+        beat = [p for p in self.measured if p["tau_held_back"] > self.start]
+        if not beat:
+            best = f"best checkpoint {self.best['tau_held_back']:.2f}" if self.best else "no checkpoint measured"
+            return f"no checkpoint beat {drafter} on the {n_held} held-back recorded requests (τ {self.start:.2f}, {best})"
+        top = max(beat, key=lambda p: p["tau_held_back"])
+        return (f"the {len(beat)} checkpoint(s) that beat {drafter} on the {n_held} held-back recorded requests "
+                f"(τ {self.start:.2f}, best {top['tau_held_back']:.2f}) lost more than {self.general_drop:g} τ on the "
+                f"general set ({self.start_general:.2f} → at most {max(p['tau_general'] for p in beat):.2f}; "
+                f"--general-drop)")
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1))
 
     @classmethod
-    def resumed(cls, path: Path, start: float, resume: bool) -> "CheckpointChoice":
-        """What a killed run had measured (with `resume`, the same start), else a fresh choice."""
+    def resumed(cls, path: Path, fresh: "CheckpointChoice", resume: bool) -> "CheckpointChoice":
+        """What a killed run had measured (with `resume`, the same start and rule), else `fresh`."""
         if resume and path.exists():
             kept = cls(**json.loads(path.read_text()))
-            if kept.start == start:
+            same = (kept.start, kept.start_general, kept.general_drop) == (fresh.start, fresh.start_general,
+                                                                          fresh.general_drop)
+            if same and all("tau_general" in p for p in kept.measured):
                 return kept
-        return cls(start)
+        return fresh
 
 
 def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: Path, s: AdaptSettings,
           *, force: bool = False, resume: bool = False) -> dict:
-    """Continue `drafter` on the store's conversations and write the best checkpoint by held-back τ to `out` (a
+    """Continue `drafter` on the store's conversations and write the checkpoint CheckpointChoice keeps to `out` (a
     new validated GGUF); returns the record (τ before/after, per checkpoint, data, training). If no checkpoint
-    beats `drafter` on the held-back requests, `out` is not written (RunFailure, after the record) unless `force`.
+    beats `drafter` on the held-back requests while holding the general set (`s.general_drop`), `out` is not
+    written (RunFailure, after the record) unless `force`.
     `work` keeps the data and checkpoints: with `resume`, a run killed on the way goes on where it stopped
     (measurement, data and training)."""
     from ..learn.store import file_tag  # noqa: PLC0415
@@ -261,40 +286,47 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
             "replayed": n_replay,
             "adapt_settings": {k: [str(x) for x in v] if k == "prompts" else v if k != "replay_dir" else None
                                for k, v in asdict(s).items()}}
-    choice = CheckpointChoice.resumed(work / "checkpoint-taus.json", before["held_back"], resume)
+    general_start = None if math.isnan(before["general"]) else before["general"]
+    choice = CheckpointChoice.resumed(work / "checkpoint-taus.json",
+                                      CheckpointChoice(before["held_back"], general_start, s.general_drop), resume)
 
-    def measure(trainer, result) -> float:
+    def measure(trainer, result) -> dict:
         candidate = work / "candidate.gguf"
         export(trainer, target, candidate, base | training_record(trainer, result), src.draft_vocab, force=True)
-        return yardstick.tau(candidate, held_back_only=True)["held_back"]
+        t = time.time()
+        tau = yardstick.tau(candidate)
+        return {"tau_held_back": tau["held_back"], "tau_general": None if math.isnan(tau["general"]) else tau["general"],
+                "tau_general_by_category": tau["general_by_category"], "measure_seconds": round(time.time() - t, 1)}
 
     trainer = continued_trainer(target, src, str(drafter), data, work, s, seconds, resume)
     result = train_choosing(trainer, work, seconds, s.checkpoints, choice, measure)
     best = work / "best.gguf"
-    refusal = None if choice.improved else not_better(out, drafter, choice, yardstick.n_held_back)
+    reason = None if choice.improved else choice.refusal(drafter.name, yardstick.n_held_back)
+    kept = choice.best
     record = base | training_record(trainer, result) | {
-        "tau_before": before, "checkpoints": choice.measured, "kept": choice.best,
-        "tau_after": yardstick.tau(best) if choice.best else None,       # the kept one's, written or not
-        "written": choice.best is not None and (refusal is None or force)}
+        "tau_before": before, "checkpoints": choice.measured, "kept": kept, "general_drop": s.general_drop,
+        # the kept one's, written or not (measured at its checkpoint, along the same continuations)
+        "tau_after": {"held_back": kept["tau_held_back"], "general": kept["tau_general"],
+                      "general_by_category": kept["tau_general_by_category"]} if kept else None,
+        "written": kept is not None and (reason is None or force)}
     if record["written"]:
-        if refusal:
-            print(f"note: no checkpoint beat {drafter.name} on the held-back requests (τ {choice.start:.2f}, best "
-                  f"checkpoint {choice.best['tau_held_back']:.2f}); writing the best one anyway (--force)",
-                  file=sys.stderr)
+        if reason:
+            print(f"note: {reason}; writing the best one anyway (--force)", file=sys.stderr)
         copy_into_place(best, out)
     record["minutes"] = round((time.time() - t0) / 60, 1)
     (work / "adapt-record.json").write_text(json.dumps(record, indent=2))
     if not record["written"]:
-        raise RunFailure(refusal)
+        raise RunFailure(f"-o {out} not written: {reason}; keep using {drafter.name}, record more requests, or pass "
+                         "--force to write the kept checkpoint anyway")
     return record
 
 
 def train_choosing(trainer, work: Path, seconds: float, n_checkpoints: int, choice: CheckpointChoice,
                    measure):
     """Train to the end of `seconds` (or of the trainer's rows budget, when its schedule ends there too), pausing
-    `n_checkpoints` times, evenly over whichever is further along, to measure the held-back τ of the drafter so
-    far (`measure(trainer, its validation)`); the best one is kept as <work>/best.gguf. Returns the last
-    validation."""
+    `n_checkpoints` times, evenly over whichever is further along, to measure the drafter so far
+    (`measure(trainer, its validation)`: its τ held back and on the general set); the one `choice` keeps is
+    <work>/best.gguf. Returns the last validation."""
     n = max(n_checkpoints, 1)
     every = seconds / n
     rows_every = trainer.total_rows / n if trainer.s.schedule_rows_cap else None
@@ -310,21 +342,16 @@ def train_choosing(trainer, work: Path, seconds: float, n_checkpoints: int, choi
         if trainer.step == steps:              # the schedule's end came first
             break
         point = {"step": trainer.step, "labelled_rows": trainer.rows_seen,
-                 "train_minutes": round(trainer.seconds_before / 60, 2), "tau_held_back": measure(trainer, result)}
+                 "train_minutes": round(trainer.seconds_before / 60, 2)} | measure(trainer, result)
         if choice.add(point):
             (work / "candidate.gguf").replace(work / "best.gguf")
         choice.save(work / "checkpoint-taus.json")
+        general = "" if point["tau_general"] is None else \
+            f", general {point['tau_general']:.3f} (start {choice.start_general:.3f})"
         print(f"checkpoint at {point['train_minutes']:.1f} training minutes (step {point['step']}): τ held back "
-              f"{point['tau_held_back']:.3f} (start {choice.start:.3f}, best {choice.best['tau_held_back']:.3f})",
-              file=sys.stderr)
+              f"{point['tau_held_back']:.3f} (start {choice.start:.3f}){general}; kept so far: step "
+              f"{choice.best['step']} ({point['measure_seconds']:.0f} s to measure)", file=sys.stderr)
     return result or trainer.evaluate(trainer.s.eval_seqs)
-
-
-def not_better(out: Path, drafter: Path, choice: CheckpointChoice, n_held: int) -> str:
-    best = f"best checkpoint {choice.best['tau_held_back']:.2f}" if choice.best else "no checkpoint measured"
-    return (f"-o {out} not written: no checkpoint beat {drafter.name} on the {n_held} held-back recorded requests "
-            f"(τ {choice.start:.2f}, {best}); keep using {drafter.name}, record more requests, or pass --force to "
-            "write the best checkpoint anyway")
 
 
 def copy_into_place(src: Path, out: Path) -> None:

@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         schedule_minutes: Optional[float] = typer.Option(None, "--schedule-minutes", help="a time-boxed run: "
                                                          "warm-up and cosine over this many minutes of training, "
                                                          "which then ends (instead of over --rows)"),
-        lr: Optional[float] = typer.Option(None, "--lr", help="peak learning rate (default: 8e-4; 4e-4 with --adapt)"),
+        lr: Optional[float] = typer.Option(None, "--lr", help="peak learning rate (default: 8e-4; 1.5e-4 with --adapt)"),
         distill: float = typer.Option(0.0, "--distill", help="share of the loss against the target's top-k "
                                       "probabilities kept at harvest time (0: hard labels only)"),
         tv: Optional[float] = typer.Option(None, "--tv", help="share of the loss that is the total variation to "
@@ -85,18 +85,23 @@ def register(app: typer.Typer) -> None:
                                                     "weights (e.g. trained on a GPU) and keep training"),
         adapt: Optional[Path] = typer.Option(None, "--adapt", help="continue -md's drafter on the requests recorded "
                                              "in this folder (serve --learn), within --max-minutes (default 20); "
-                                             "writes the checkpoint with the best τ on held-back requests, and "
-                                             "nothing if none beats -md"),
+                                             "writes the checkpoint with the best τ on held-back requests among "
+                                             "those that hold the general set (--general-drop), and nothing if none "
+                                             "of them beats -md"),
         model_draft: Optional[Path] = typer.Option(None, "-md", "--model-draft", help="with --adapt: the drafter "
                                                    "to continue (never overwritten)"),
         replay: float = typer.Option(1.0, "--replay", help="with --adapt: sequences of the drafter's original "
                                      "training distribution mixed in per recorded request"),
         eval_prompts: int = typer.Option(5, "--eval-prompts", help="with --adapt: prompts per category of the "
-                                         "general set τ is measured on before and after (0: none)"),
+                                         "general set τ is measured on before, at every checkpoint and after "
+                                         "(0: none)"),
+        general_drop: float = typer.Option(0.05, "--general-drop", help="with --adapt: keep only checkpoints whose "
+                                           "τ on the general set fell by at most this much from -md's"),
         threads: int = typer.Option(0, "-t", "--threads", help="CPU threads for harvest and training (0: all)"),
         chat_template: Optional[str] = chat_template_option(),
         force: bool = typer.Option(False, "--force", help="overwrite -o; with --adapt, also write the best "
-                                   "checkpoint when none beats -md on the held-back requests"),
+                                   "checkpoint when none beats -md on the held-back requests while holding the "
+                                   "general set"),
     ):
         """Generate training data with the target itself, train the drafter, export a validated GGUF."""
         given = dict(locals())                  # the first statement: exactly the options above
@@ -106,8 +111,10 @@ def register(app: typer.Typer) -> None:
             record, work = run_adapt(validate(resolved(given)))
             b, a, kept = record["tau_before"], record["tau_after"], record["kept"]
             typer.echo(f"{out}: τ on {record['held_back_measured']} held-back recorded requests "
-                       f"{b['held_back']:.2f} → {a['held_back']:.2f}; on the general set {b['general']:.2f} → {a['general']:.2f} "
-                       f"(the best of {len(record['checkpoints'])} checkpoints, after {kept['train_minutes']:.1f} "
+                       f"{b['held_back']:.2f} → {a['held_back']:.2f}; on the general set {b['general']:.2f} → "
+                       f"{a['general'] if a['general'] is None else round(a['general'], 2)} (kept: the best of "
+                       f"{len(record['checkpoints'])} checkpoints within --general-drop {record['general_drop']:g}, "
+                       f"after {kept['train_minutes']:.1f} "
                        f"training minutes; {record['recorded_train']} recorded + {record['replayed']} replayed "
                        f"sequences, {record['labelled_rows']:,} labelled rows, {record['minutes']} min); "
                        f"work dir: {work} (--resume {work})")

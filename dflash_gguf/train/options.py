@@ -24,7 +24,7 @@ def resolved(options: dict) -> SimpleNamespace:
     if o.n_gpu_layers is None:
         o.n_gpu_layers = 999 if o.device == "cuda" else 0
     if o.lr is None:
-        o.lr = 4e-4 if o.adapt is not None else 8e-4
+        o.lr = 1.5e-4 if o.adapt is not None else 8e-4
     return o
 
 
@@ -60,6 +60,7 @@ def validate(o: SimpleNamespace) -> SimpleNamespace:
         (o.max_minutes is None or o.max_minutes > 0, "--max-minutes", o.max_minutes, "must be > 0"),
         (o.rows is None or o.rows > 0, "--rows", o.rows, "must be > 0"),
         (o.eval_prompts >= 0, "--eval-prompts", o.eval_prompts, "must be >= 0"),
+        (o.general_drop >= 0, "--general-drop", o.general_drop, "must be >= 0 (a fall in τ the checkpoint may have)"),
     ))
     return o
 
