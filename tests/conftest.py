@@ -37,3 +37,19 @@ def gpu_backend(request):
         from helpers.gpu import device_or_skip
         return device_or_skip()
     return None
+
+
+# the CPU kernel tests' native build and its kernel-variant switch (the variant chosen at start restored at the end)
+@pytest.fixture(scope="module")
+def native():
+    from dflash_gguf.native.lib import load
+    return load()
+
+
+@pytest.fixture(scope="module")
+def kernels(native):
+    from dflash_gguf.native.cpu_kernels import CpuKernels
+    k = CpuKernels(native)
+    chosen = k.isa                      # the best variant, or the one DFLASH_CPU_ISA named
+    yield k
+    k.set_isa(chosen)

@@ -14,27 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_gguf.native.cpu_kernels import CpuKernels
-from dflash_gguf.native.lib import libname, load
+from dflash_gguf.native.lib import libname
 from lab.matmul_probe import GGML_TYPES, MatmulProbe
 
 BATCHES = list(range(1, 17)) + [40]
 Q8_K_BYTES = 292                    # one block_q8_K: its activations' row bytes per 256 values
 _P, _I64, _SZ = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
 _GEMM_ARGS = [ctypes.c_int, _I64, _I64, _I64, _P, _SZ, _P, _SZ, _P, _I64, ctypes.c_int, ctypes.c_int]
-
-
-@pytest.fixture(scope="module")
-def native():
-    return load()
-
-
-@pytest.fixture(scope="module")
-def kernels(native):
-    k = CpuKernels(native)
-    chosen = k.isa
-    yield k
-    k.set_isa(chosen)
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from dflash_gguf.native.cpu_kernels import CpuKernels
-from dflash_gguf.native.lib import libname, load
+from dflash_gguf.native.lib import libname
 from lab.matmul_probe import MatmulProbe
 
 BATCHES = list(range(1, 17)) + [40]     # 40: wider than one pass on AVX2 and on AVX-512
@@ -70,19 +69,6 @@ def _check_recorded_bits(case: str, by_isa: dict[str, dict[int, np.ndarray]]) ->
 
 def nmse(out: np.ndarray, ref: np.ndarray) -> float:
     return float(((out - ref) ** 2).sum() / (ref ** 2).sum())
-
-
-@pytest.fixture(scope="module")
-def native():
-    return load()
-
-
-@pytest.fixture(scope="module")
-def kernels(native):
-    k = CpuKernels(native)
-    chosen = k.isa                      # the best variant, or the one DFLASH_CPU_ISA named
-    yield k
-    k.set_isa(chosen)
 
 
 def _weights(probe: MatmulProbe, weight_type: str, n_rows: int, k: int, rng) -> tuple[np.ndarray, np.ndarray]:

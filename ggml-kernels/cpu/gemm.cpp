@@ -128,6 +128,11 @@ extern "C" bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols) {
     }
 }
 
+// a build without the variants: the quantized products' arguments, unused
+#define DFLASH_CPU_GEMM_ARGS_UNUSED                                                                              \
+    (void) type; (void) n_rows; (void) n_cols; (void) n_blocks; (void) A; (void) a_row_bytes; (void) B;         \
+    (void) b_row_bytes; (void) C; (void) ldc; (void) ith; (void) nth
+
 // one quantized type's kernel of the variant `isa` (dflash_cpu_gemm, dflash_cpu_gemm_interleaved)
 #define DFLASH_CPU_GEMM_CASE(TYPE, fn)                                                                           \
     case TYPE:                                                                                                  \
@@ -157,8 +162,7 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
             return false;
     }
 #else
-    (void) type; (void) n_rows; (void) n_cols; (void) n_blocks; (void) A; (void) a_row_bytes; (void) B;
-    (void) b_row_bytes; (void) C; (void) ldc; (void) ith; (void) nth;
+    DFLASH_CPU_GEMM_ARGS_UNUSED;
     return false;
 #endif
 }
@@ -204,13 +208,13 @@ extern "C" bool dflash_cpu_gemm_interleaved(enum ggml_type type, int64_t n_rows,
             return false;
     }
 #else
-    (void) type; (void) n_rows; (void) n_cols; (void) n_blocks; (void) A; (void) a_row_bytes; (void) B;
-    (void) b_row_bytes; (void) C; (void) ldc; (void) ith; (void) nth;
+    DFLASH_CPU_GEMM_ARGS_UNUSED;
     return false;
 #endif
 }
 
 #undef DFLASH_CPU_GEMM_CASE
+#undef DFLASH_CPU_GEMM_ARGS_UNUSED
 
 extern "C" bool dflash_cpu_quantize_row_q8_K(const float * x, void * y, int64_t k) {
     const Isa isa = current_isa();
