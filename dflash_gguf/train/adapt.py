@@ -30,6 +30,7 @@ import numpy as np
 from ..errors import RunFailure, UserError
 from ..learn.store import Conversation, LearnStore
 from ..target_file import TargetFile
+from .options import ADAPT_LR
 
 RECORDED_INDEX = 10_000_000     # dataset prompt_index of recorded conversation i (replay ones count from 0)
 
@@ -39,7 +40,7 @@ class AdaptSettings:
     minutes: float = 20.0           # data preparation + training (the measurements come on top)
     replay: float = 1.0             # replayed sequences of the original distribution per recorded one
     held_back: float = 0.1          # share of the recorded conversations kept out of training, for τ
-    lr: float = 1.5e-4              # peak; warm-up and cosine run over the training part of the time box
+    lr: float = ADAPT_LR            # peak; warm-up and cosine run over the training part of the time box
     eval_per_category: int = 5      # prompts per category of the general set
     eval_held_back: int = 20        # most held-back conversations measured
     eval_tokens: int = 128

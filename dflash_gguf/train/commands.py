@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from ..engine_options import chat_template_option
+from .options import ADAPT_LR, TRAIN_LR
 
 
 def register(app: typer.Typer) -> None:
@@ -39,7 +40,8 @@ def register(app: typer.Typer) -> None:
         schedule_minutes: Optional[float] = typer.Option(None, "--schedule-minutes", help="a time-boxed run: "
                                                          "warm-up and cosine over this many minutes of training, "
                                                          "which then ends (instead of over --rows)"),
-        lr: Optional[float] = typer.Option(None, "--lr", help="peak learning rate (default: 8e-4; 1.5e-4 with --adapt)"),
+        lr: Optional[float] = typer.Option(None, "--lr", help=f"peak learning rate (default: {TRAIN_LR:g}; "
+                                           f"{ADAPT_LR:g} with --adapt)"),
         distill: float = typer.Option(0.0, "--distill", help="share of the loss against the target's top-k "
                                       "probabilities kept at harvest time (0: hard labels only)"),
         tv: Optional[float] = typer.Option(None, "--tv", help="share of the loss that is the total variation to "
