@@ -43,8 +43,9 @@ def recorded(tiny, tmp_path_factory):
 def adapt_cli(tiny, recorded, out, work, *extra):
     folder, target, drafter, prompts = tiny
     learn, replay = recorded
+    # paced by rows, not minutes: the checkpoints (where scripted τ is handed out) do not depend on the machine's speed
     return cli("train", "--adapt", learn, "-m", target, "-md", drafter, "-o", out, "--prompts", prompts,
-               "--max-minutes", "0.1", "-t", "1", "--work-dir", work, "--data-dir", replay, *extra)
+               "--rows", "300", "--max-minutes", "30", "-t", "1", "--work-dir", work, "--data-dir", replay, *extra)
 
 
 def scripted_tau(monkeypatch, start: float, checkpoints: list[float], general: tuple[float, list[float]] = (1.5, [1.5])
