@@ -20,7 +20,8 @@ from lab.matmul_probe import GGML_TYPES, MatmulProbe
 BATCHES = list(range(1, 17)) + [40]
 Q8_K_BYTES = 292                    # one block_q8_K: its activations' row bytes per 256 values
 _P, _I64, _SZ = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
-_GEMM_ARGS = [ctypes.c_int, _I64, _I64, _I64, _P, _SZ, _P, _SZ, _P, _I64, ctypes.c_int, ctypes.c_int]
+_NEXT_CHUNK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)     # gemm.h: dflash_cpu_next_chunk
+_GEMM_ARGS = [ctypes.c_int, _I64, _I64, _I64, _P, _SZ, _P, _SZ, _P, _I64, ctypes.c_int, ctypes.c_int, _NEXT_CHUNK, _P]
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +35,24 @@ def cpu(native):
     return lib
 
 
-def _product(gemm, weight_type: str, weights: np.ndarray, acts: np.ndarray, n: int, nth: int) -> np.ndarray:
-    """[n, n_rows] float32: the first n activation rows (Q8_K) times the weights, the rows split over nth calls."""
+def _product(gemm, weight_type: str, weights: np.ndarray, acts: np.ndarray, n: int, nth: int,
+             claiming: bool = False) -> np.ndarray:
+    """[n, n_rows] float32: the first n activation rows (Q8_K) times the weights, the rows split over nth calls:
+    in equal parts, or (claiming) by chunks taken from a shared counter, as ggml's threads take them (the first
+    call takes every chunk left after each call's own first one)."""
     n_rows, row_bytes = weights.shape
     n_blocks = acts.shape[1] // Q8_K_BYTES
     out = np.full((n, n_rows), np.nan, np.float32)
+    counter = [nth]
+
+    def next_chunk(_pool):
+        counter[0] += 1
+        return counter[0] - 1
+    claim = _NEXT_CHUNK(next_chunk) if claiming else _NEXT_CHUNK()
     for ith in range(nth):
         assert gemm(GGML_TYPES[weight_type], n_rows, n, n_blocks, weights.ctypes.data, row_bytes, acts.ctypes.data,
-                    acts.shape[1], out.ctypes.data, n_rows, ith, nth)
+                    acts.shape[1], out.ctypes.data, n_rows, ith, nth, claim, None)
+    assert counter[0] > nth or not claiming or nth == 1       # chunks past the first ones were claimed
     return out
 
 
@@ -76,10 +87,11 @@ def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu,
         for isa in [i for i in kernels.runnable() if i != "none"]:
             assert kernels.set_isa(isa)
             for n in BATCHES:
-                for nth in (1, 2):
-                    ours = _product(cpu.dflash_cpu_gemm_interleaved, weight_type, inter, acts, n, nth)
-                    rows = _product(cpu.dflash_cpu_gemm, weight_type, raw, acts, n, nth)
-                    assert np.array_equal(ours.view(np.uint32), rows.view(np.uint32)), (isa, n, nth)
+                for nth, claiming in ((1, False), (2, False), (2, True), (3, True)):
+                    ours = _product(cpu.dflash_cpu_gemm_interleaved, weight_type, inter, acts, n, nth, claiming)
+                    rows = _product(cpu.dflash_cpu_gemm, weight_type, raw, acts, n, nth, claiming)
+                    assert not np.isnan(ours).any(), (isa, n, nth, claiming)          # every row computed
+                    assert np.array_equal(ours.view(np.uint32), rows.view(np.uint32)), (isa, n, nth, claiming)
             by_isa[isa] = ours
         # weights interleaved at load stay readable when the kernels are switched off afterwards
         best = kernels.runnable()[0]

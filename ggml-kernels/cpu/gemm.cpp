@@ -131,18 +131,21 @@ extern "C" bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols) {
 // a build without the variants: the quantized products' arguments, unused
 #define DFLASH_CPU_GEMM_ARGS_UNUSED                                                                              \
     (void) type; (void) n_rows; (void) n_cols; (void) n_blocks; (void) A; (void) a_row_bytes; (void) B;         \
-    (void) b_row_bytes; (void) C; (void) ldc; (void) ith; (void) nth
+    (void) b_row_bytes; (void) C; (void) ldc; (void) ith; (void) nth; (void) next_chunk; (void) pool
 
 // one quantized type's kernel of the variant `isa` (dflash_cpu_gemm, dflash_cpu_gemm_interleaved)
 #define DFLASH_CPU_GEMM_CASE(TYPE, fn)                                                                           \
     case TYPE:                                                                                                  \
         return isa == ISA_AVX512                                                                                \
-                   ? dflash_cpu::avx512::fn(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth) \
-                   : dflash_cpu::avx2::fn(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);
+                   ? dflash_cpu::avx512::fn(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth, \
+                                            next_chunk, pool)                                                   \
+                   : dflash_cpu::avx2::fn(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth,   \
+                                          next_chunk, pool);
 
 extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t n_blocks,
                                 const void * A, size_t a_row_bytes, const void * B, size_t b_row_bytes,
-                                float * C, int64_t ldc, int ith, int nth) {
+                                float * C, int64_t ldc, int ith, int nth, dflash_cpu_next_chunk next_chunk,
+                                void * pool) {
     const Isa isa = current_isa();
     if (isa == ISA_NONE) {
         return false;
@@ -195,7 +198,8 @@ extern "C" void dflash_cpu_interleave(enum ggml_type type, int64_t n_rows, size_
 
 extern "C" bool dflash_cpu_gemm_interleaved(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t n_blocks,
                                             const void * A, size_t a_row_bytes, const void * B, size_t b_row_bytes,
-                                            float * C, int64_t ldc, int ith, int nth) {
+                                            float * C, int64_t ldc, int ith, int nth,
+                                            dflash_cpu_next_chunk next_chunk, void * pool) {
 #if DFLASH_CPU_VARIANTS
     const Isa isa = current_isa() != ISA_NONE ? current_isa() : best_isa();
     if (isa == ISA_NONE) {

@@ -29,14 +29,21 @@ extern "C" {
 // quantized types to dflash_cpu_gemm.
 bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols);
 
+// How the nth threads of one product share its rows. Thread ith first computes chunk ith of them; with next_chunk
+// it then goes on with the chunk next_chunk(pool) returns, until that is past the last one (pool: a counter shared
+// by the product's threads that starts at nth, as ggml's threadpool chunk counter does), so a thread slowed by
+// anything else computes less of the product instead of keeping the others waiting. Without it (NULL) the rows
+// are nth equal chunks. Which thread computes a row does not change its bits.
+typedef int (*dflash_cpu_next_chunk)(void * pool);
+
 // C[j*ldc + i] = dot(row i of A, row j of B) for i < n_rows, j < n_cols. A: n_rows rows of n_blocks
 // blocks of `type` (row stride a_row_bytes); B: n_cols rows of n_blocks blocks of that type's
 // vec_dot_type (Q8_1 for Q4_1, Q8_K for the K-quants, Q8_0 for the others; row stride b_row_bytes); C: float,
-// column stride ldc floats. Thread ith of nth computes its share of the rows; together they cover all of them.
-// Returns false (and writes nothing) when no kernel for `type` runs on this CPU.
+// column stride ldc floats. Thread ith of nth computes its share of the rows (dflash_cpu_next_chunk); together
+// they cover all of them. Returns false (and writes nothing) when no kernel for `type` runs on this CPU.
 bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t n_blocks,
                      const void * A, size_t a_row_bytes, const void * B, size_t b_row_bytes,
-                     float * C, int64_t ldc, int ith, int nth);
+                     float * C, int64_t ldc, int ith, int nth, dflash_cpu_next_chunk next_chunk, void * pool);
 
 // Interleaved weights: the types whose kernels read a tile of 8 rows fastest as one stream of words (Q4_K and Q5_K:
 // without the per-call transposes, one column took 0.67x and 8 columns 0.77x the time in ggml's row layout) are kept,
@@ -53,7 +60,8 @@ void dflash_cpu_interleave(enum ggml_type type, int64_t n_rows, size_t row_bytes
 // switched off after the weights were interleaved too (DFLASH_CPU_ISA=none set at run time: nothing else reads them).
 bool dflash_cpu_gemm_interleaved(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t n_blocks,
                                  const void * A, size_t a_row_bytes, const void * B, size_t b_row_bytes,
-                                 float * C, int64_t ldc, int ith, int nth);
+                                 float * C, int64_t ldc, int ith, int nth, dflash_cpu_next_chunk next_chunk,
+                                 void * pool);
 
 // The same for F16 / F32 weights of k values per row and F32 activations read in place (B: n_cols
 // rows of k floats, row stride b_row_bytes).

@@ -6,7 +6,7 @@
 // machine can also run (and test) exactly what an AVX2-only machine runs.
 #pragma once
 
-#include "ggml.h"
+#include "gemm.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -15,10 +15,11 @@
 // (name_interleaved: A's tiles of 8 rows word-interleaved, gemm.h: dflash_cpu_gemm_interleaved)
 #define DFLASH_CPU_QUANT_GEMM(name)                                                                               \
     bool name(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,             \
-              const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth);                    \
+              const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth,                     \
+              dflash_cpu_next_chunk next_chunk, void * pool);                                                   \
     bool name##_interleaved(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,                   \
                             size_t a_row_bytes, const void * B, size_t b_row_bytes, float * C, int64_t ldc,     \
-                            int ith, int nth);
+                            int ith, int nth, dflash_cpu_next_chunk next_chunk, void * pool);
 
 #define DFLASH_CPU_VARIANT_ENTRY_POINTS                                                                        \
     DFLASH_CPU_QUANT_GEMM(gemm_q4_0)                                                                           \

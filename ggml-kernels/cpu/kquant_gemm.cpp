@@ -106,6 +106,15 @@ constexpr int STEP_GROUPS = 8;
 constexpr int STEP_GROUPS = 4;
 #endif
 
+// Widths K4Format::stream_columns takes (16384 x 2048 interleaved Q4_K weights, 1 thread, in-process A/B against
+// unpacking each block first: AVX-512 B = 1..5 0.74-0.89x, 8 0.99-1.00x, 16 1.37x; AVX2 B = 1..3 0.78-0.90x, 4
+// 0.93-0.96x, 5..8 0.96-1.02x)
+#if DFLASH_CPU_GEMM_VNNI && defined(__AVX512F__)
+constexpr int K4_STREAM_MAX = 8;
+#else
+constexpr int K4_STREAM_MAX = 4;
+#endif
+
 // Columns per chunk of Format::columns: with VNNI a chunk's dot chains, its integer sums and the group's quants
 // stay in AVX-512's 32 registers (3 x 8 + 8); AVX2 steps column after column anyway (its widest pass, 8)
 constexpr int COLUMN_CHUNK = 8;
@@ -291,6 +300,46 @@ struct K4Format : KTraits<WeightBlock, K4PackedT, 1> {
             const typename V::I sc16 = pair16<V>(w.sc[g], w.sc[g]);
             for (int k = 0; k < 8; k += STEP_GROUPS) {
                 add_scaled_dots<RN, STEP_GROUPS, QMAX, V>(isum, w.q[g] + k, p, 32 * g + 4 * k, w.sc[g], sc16);
+            }
+        }
+        for (int j = 0; j < RN; ++j) {
+            const KScale & c = *a.scales(b, j0 + j);
+            acc[j] = finish<V>(isum[j], group_sums_times<V>(w.m_pair, c), w.rs, c, acc[j]);
+        }
+    }
+
+    // Narrow batches on an interleaved tile: each STEP_GROUPS words of a pair of groups are read, split into the two
+    // groups' quants and dotted with every column while in registers (unpacking the whole block first, 64 vectors,
+    // spilled it to the stack and read it back). The same integer sums as columns(), so the same bits.
+    static constexpr int STREAM_MAX = K4_STREAM_MAX;
+    template <int RN>
+    static DFLASH_INLINE void stream_columns(const Tile & t, int64_t b, const Activations<Self> & a, int64_t j0,
+                                             __m256 * acc) {
+        using V = V8;
+        const TileRows<Block> r(t, b);
+        K4PackedT<V> w;          // its scales only
+        unpack_scales_mins(r, w);
+        const int8_t * p[RN];
+        typename V::I isum[RN];
+        start_columns<V>(a, b, j0, p, isum);
+        const typename V::I low4 = V::set1_8(0x0F);
+        for (int c = 0; c < GROUPS / 2; ++c) {
+            for (int k0 = 0; k0 < 8; k0 += STEP_GROUPS) {
+                typename V::I lo[STEP_GROUPS], hi[STEP_GROUPS];
+                for (int k = 0; k < STEP_GROUPS; ++k) {
+                    const typename V::I word = r.lanes_u32(offsetof(Block, qs) + 32 * c + 4 * (k0 + k));
+                    lo[k] = V::and_(word, low4);
+                    hi[k] = V::and_(V::srli16(word, 4), low4);
+                    if constexpr (QMAX > 15) {   // Q5_K: bit g of qh[l] is the fifth bit of value l of group g
+                        const typename V::I h = r.lanes_u32(offsetof(Block, qh) + 4 * (k0 + k));
+                        lo[k] = V::or_(lo[k], fifth_bit<V>(h, 2 * c));
+                        hi[k] = V::or_(hi[k], fifth_bit<V>(h, 2 * c + 1));
+                    }
+                }
+                const int g = 2 * c;
+                add_scaled_dots<RN, STEP_GROUPS, QMAX, V>(isum, lo, p, 32 * g + 4 * k0, w.sc[g], pair16<V>(w.sc[g], w.sc[g]));
+                add_scaled_dots<RN, STEP_GROUPS, QMAX, V>(isum, hi, p, 32 * (g + 1) + 4 * k0, w.sc[g + 1],
+                                                          pair16<V>(w.sc[g + 1], w.sc[g + 1]));
             }
         }
         for (int j = 0; j < RN; ++j) {

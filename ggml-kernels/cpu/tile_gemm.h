@@ -23,6 +23,7 @@
 #define GGML_COMMON_DECL_CPP
 #include "ggml-common.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <type_traits>
@@ -522,6 +523,13 @@ DFLASH_INLINE void accumulate_block(const typename Format::template PackedT<V> &
     }
 }
 
+// Widths up to which Format steps the columns of an interleaved tile's block as it reads the block
+// (Format::stream_columns<RN>) instead of unpacking the whole block first (Format::STREAM_MAX; 0: never)
+template <class Format, class = void>
+struct stream_max : std::integral_constant<int, 0> {};
+template <class Format>
+struct stream_max<Format, std::void_t<decltype(Format::STREAM_MAX)>> : std::integral_constant<int, Format::STREAM_MAX> {};
+
 // Block b of a tile unpacked into lanes: Format::unpack for 8 rows, or both halves of a 16-row tile widened
 template <class Format, class V>
 DFLASH_INLINE void unpack_lanes(const Tile & t, int64_t b, typename Format::template PackedT<V> & out) {
@@ -611,6 +619,13 @@ DFLASH_NOINLINE void tile_direct(const Tile & t, int64_t n_blocks, const Activat
     }
     for (int64_t b = 0; b < n_blocks; ++b) {
         t.prefetch_next(b, 0, 2);
+        if constexpr (RN <= stream_max<Format>::value && V::ROWS == TILE_ROWS) {
+            if (t.interleaved) {
+                Format::template stream_columns<RN>(t, b, a, j0, sum);
+                t.prefetch_next(b, 1, 2);
+                continue;
+            }
+        }
         typename Format::template PackedT<V> w;
         unpack_lanes<Format, V>(t, b, w);
         t.prefetch_next(b, 1, 2);
@@ -752,40 +767,16 @@ void tile_in_lanes(const Tile & tile, int valid, int64_t n_blocks, int64_t n_col
 
 // The whole product for one format; Format::column_scale gives each activation block's Format::Scale.
 // interleaved: A's tiles of 8 rows word-interleaved (n_rows a multiple of 8; formats whose lanes read TileRows)
+// Tiles tile0..tile1 of the product (tile_gemm), in order; the next tile is fetched ahead within the range
 template <class Format>
-void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,
-               const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth, bool interleaved) {
-    static thread_local Scratch<Format> scratch;
-
-    const int64_t n_tiles = (n_rows + TILE_ROWS - 1) / TILE_ROWS;
-    const int64_t tile0 = n_tiles * ith / nth;
-    const int64_t tile1 = n_tiles * (ith + 1) / nth;
-    if (tile0 >= tile1) {
-        return;
-    }
-    using Scale = typename Format::Scale;
-    constexpr int64_t QK = Activations<Format>::QK;
-    static_assert(QK % QK8_0 == 0, "activation blocks of whole groups of 32");
-    int8_t * q = grow(scratch.q, (size_t) (n_blocks * n_cols * QK));
-    Scale * scale = grow(scratch.scale, (size_t) (n_blocks * n_cols));
-    for (int64_t j = 0; j < n_cols; ++j) {
-        const auto * y = (const typename Format::ActBlock *) ((const char *) B + j * b_row_bytes);
-        for (int64_t b = 0; b < n_blocks; ++b) {
-            memcpy(q + (b * n_cols + j) * QK, y[b].qs, QK);
-            scale[b * n_cols + j] = Format::column_scale(y[b]);
-        }
-    }
-    const Activations<Format> act{q, scale, n_cols};
-    // an interleaved tile has no rows to read one after the other: every width in lanes
-    const bool rowwise = !interleaved && n_cols <= Format::ROWWISE_MAX;
-    GGML_ASSERT(!interleaved || (Format::TILED && n_rows % TILE_ROWS == 0));
-    const size_t row_data = n_blocks * sizeof(typename Format::Block);
-
+void tile_range(int64_t tile0, int64_t tile1, int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
+                size_t a_row_bytes, const Activations<Format> & act, bool rowwise, bool interleaved, size_t row_data,
+                Scratch<Format> & scratch, float * C, int64_t ldc) {
     for (int64_t t = tile0; t < tile1;) {
         const int64_t r0 = t * TILE_ROWS;
         const int valid = (int) (n_rows - r0 < TILE_ROWS ? n_rows - r0 : TILE_ROWS);
 #if DFLASH_CPU_GEMM_V16
-        // two whole tiles of this thread's share side by side (the next pair is fetched ahead)
+        // two whole tiles of the range side by side (the next pair is fetched ahead)
         if constexpr (Format::TILED && Format::PAIR_TILES) {
             if (!rowwise && !interleaved && t + 1 < tile1 && r0 + 2 * TILE_ROWS <= n_rows) {
                 const Tile pair{(const char *) A + r0 * a_row_bytes, a_row_bytes,
@@ -828,6 +819,47 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
     }
 }
 
+// Rows are shared by chunks of whole tiles (gemm.h: dflash_cpu_next_chunk); threads that claim chunks get this many
+// each on average (ggml's own matrix multiplies cut theirs so too), so one slowed down leaves little of the product
+// to the others at the end
+constexpr int64_t CHUNKS_PER_THREAD = 4;
+
+template <class Format>
+void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,
+               const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth,
+               dflash_cpu_next_chunk next_chunk, void * pool, bool interleaved) {
+    static thread_local Scratch<Format> scratch;
+
+    const int64_t n_tiles = (n_rows + TILE_ROWS - 1) / TILE_ROWS;
+    const bool claiming = next_chunk != nullptr && nth > 1;
+    const int64_t n_chunks = claiming ? std::min(n_tiles, CHUNKS_PER_THREAD * nth) : nth;
+    if (ith >= n_chunks || n_tiles * ith / n_chunks >= n_tiles * (ith + 1) / n_chunks) {
+        return;
+    }
+    using Scale = typename Format::Scale;
+    constexpr int64_t QK = Activations<Format>::QK;
+    static_assert(QK % QK8_0 == 0, "activation blocks of whole groups of 32");
+    int8_t * q = grow(scratch.q, (size_t) (n_blocks * n_cols * QK));
+    Scale * scale = grow(scratch.scale, (size_t) (n_blocks * n_cols));
+    for (int64_t j = 0; j < n_cols; ++j) {
+        const auto * y = (const typename Format::ActBlock *) ((const char *) B + j * b_row_bytes);
+        for (int64_t b = 0; b < n_blocks; ++b) {
+            memcpy(q + (b * n_cols + j) * QK, y[b].qs, QK);
+            scale[b * n_cols + j] = Format::column_scale(y[b]);
+        }
+    }
+    const Activations<Format> act{q, scale, n_cols};
+    // an interleaved tile has no rows to read one after the other: every width in lanes
+    const bool rowwise = !interleaved && n_cols <= Format::ROWWISE_MAX;
+    GGML_ASSERT(!interleaved || (Format::TILED && n_rows % TILE_ROWS == 0));
+    const size_t row_data = n_blocks * sizeof(typename Format::Block);
+
+    for (int64_t chunk = ith; chunk < n_chunks; chunk = claiming ? next_chunk(pool) : n_chunks) {
+        tile_range(n_tiles * chunk / n_chunks, n_tiles * (chunk + 1) / n_chunks, n_rows, n_cols, n_blocks, A,
+                   a_row_bytes, act, rowwise, interleaved, row_data, scratch, C, ldc);
+    }
+}
+
 }  // namespace
 
 #endif  // DFLASH_CPU_GEMM_X86
@@ -840,25 +872,30 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
 #if DFLASH_CPU_GEMM_X86
 #define DFLASH_CPU_GEMM_ENTRY(name, Format)                                                                       \
     bool name(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,             \
-              const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth) {                   \
-        tile_gemm<Format>(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth, false);  \
+              const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth,                     \
+              dflash_cpu_next_chunk next_chunk, void * pool) {                                                  \
+        tile_gemm<Format>(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth, next_chunk, \
+                          pool, false);                                                                         \
         return true;                                                                                          \
     }                                                                                                         \
     bool name##_interleaved(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes, \
-                            const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth) {   \
+                            const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth,     \
+                            dflash_cpu_next_chunk next_chunk, void * pool) {                                  \
         if constexpr (Format::TILED) {                                                                        \
-            tile_gemm<Format>(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth, true); \
+            tile_gemm<Format>(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth,     \
+                              next_chunk, pool, true);                                                        \
             return true;                                                                                      \
         }                                                                                                     \
         return false;                                                                                         \
     }
 #else
 #define DFLASH_CPU_GEMM_ENTRY(name, Format)                                                                       \
-    bool name(int64_t, int64_t, int64_t, const void *, size_t, const void *, size_t, float *, int64_t, int, int) { \
+    bool name(int64_t, int64_t, int64_t, const void *, size_t, const void *, size_t, float *, int64_t, int, int,   \
+              dflash_cpu_next_chunk, void *) {                                                                  \
         return false;                                                                                         \
     }                                                                                                         \
     bool name##_interleaved(int64_t, int64_t, int64_t, const void *, size_t, const void *, size_t, float *,    \
-                            int64_t, int, int) {                                                              \
+                            int64_t, int, int, dflash_cpu_next_chunk, void *) {                               \
         return false;                                                                                         \
     }
 #endif
