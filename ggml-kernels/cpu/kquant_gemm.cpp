@@ -107,8 +107,8 @@ constexpr int STEP_GROUPS = 4;
 #endif
 
 // Widths K4Format::stream_columns takes (16384 x 2048 interleaved Q4_K weights, 1 thread, in-process A/B against
-// unpacking each block first: AVX-512 B = 1..5 0.74-0.89x, 8 0.99-1.00x, 16 1.37x; AVX2 B = 1..3 0.78-0.90x, 4
-// 0.93-0.96x, 5..8 0.96-1.02x)
+// unpacking each block first, two to four runs: AVX-512 B = 1..5 0.74-0.96x, 8 0.99-1.03x, 16 1.37x; AVX2 B = 1..3
+// 0.78-0.97x, 4 0.93-1.00x, 5..8 0.96-1.04x)
 #if DFLASH_CPU_GEMM_VNNI && defined(__AVX512F__)
 constexpr int K4_STREAM_MAX = 8;
 #else
@@ -284,6 +284,16 @@ struct K4Format : KTraits<WeightBlock, K4PackedT, 1> {
         return finish_k<true, V>(isum, msum, rs, c, acc);
     }
 
+    // acc[j] += the block's integer sums of column j0 + j (isum[j], and the mins' term) in float
+    template <int RN, class V>
+    static DFLASH_INLINE void finish_columns(const K4PackedT<V> & w, const Activations<Self> & a, int64_t b, int64_t j0,
+                                             const typename V::I (&isum)[RN], typename V::F * acc) {
+        for (int j = 0; j < RN; ++j) {
+            const KScale & c = *a.scales(b, j0 + j);
+            acc[j] = finish<V>(isum[j], group_sums_times<V>(w.m_pair, c), w.rs, c, acc[j]);
+        }
+    }
+
     // every column of one unpacked block: each part of a group's quants stays in registers for all RN columns
     template <int RN, class V>
     static DFLASH_INLINE void columns(const K4PackedT<V> & w, const Activations<Self> & a, int64_t b, int64_t j0,
@@ -302,10 +312,7 @@ struct K4Format : KTraits<WeightBlock, K4PackedT, 1> {
                 add_scaled_dots<RN, STEP_GROUPS, QMAX, V>(isum, w.q[g] + k, p, 32 * g + 4 * k, w.sc[g], sc16);
             }
         }
-        for (int j = 0; j < RN; ++j) {
-            const KScale & c = *a.scales(b, j0 + j);
-            acc[j] = finish<V>(isum[j], group_sums_times<V>(w.m_pair, c), w.rs, c, acc[j]);
-        }
+        finish_columns<RN, V>(w, a, b, j0, isum, acc);
     }
 
     // Narrow batches on an interleaved tile: each STEP_GROUPS words of a pair of groups are read, split into the two
@@ -342,10 +349,7 @@ struct K4Format : KTraits<WeightBlock, K4PackedT, 1> {
                                                           pair16<V>(w.sc[g + 1], w.sc[g + 1]));
             }
         }
-        for (int j = 0; j < RN; ++j) {
-            const KScale & c = *a.scales(b, j0 + j);
-            acc[j] = finish<V>(isum[j], group_sums_times<V>(w.m_pair, c), w.rs, c, acc[j]);
-        }
+        finish_columns<RN, V>(w, a, b, j0, isum, acc);
     }
 
     template <int RN>

@@ -765,8 +765,6 @@ void tile_in_lanes(const Tile & tile, int valid, int64_t n_blocks, int64_t n_col
     }
 }
 
-// The whole product for one format; Format::column_scale gives each activation block's Format::Scale.
-// interleaved: A's tiles of 8 rows word-interleaved (n_rows a multiple of 8; formats whose lanes read TileRows)
 // Tiles tile0..tile1 of the product (tile_gemm), in order; the next tile is fetched ahead within the range
 template <class Format>
 void tile_range(int64_t tile0, int64_t tile1, int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
@@ -824,6 +822,8 @@ void tile_range(int64_t tile0, int64_t tile1, int64_t n_rows, int64_t n_cols, in
 // to the others at the end
 constexpr int64_t CHUNKS_PER_THREAD = 4;
 
+// The whole product for one format; Format::column_scale gives each activation block's Format::Scale.
+// interleaved: A's tiles of 8 rows word-interleaved (n_rows a multiple of 8; formats whose lanes read TileRows)
 template <class Format>
 void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,
                const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth,
