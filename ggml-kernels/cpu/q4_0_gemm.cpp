@@ -58,13 +58,19 @@ struct Q4_0 : Offset32<Q4_0, block_q4_0, 15, 8> {
 struct Q5_0 : Offset32<Q5_0, block_q5_0, 31, 16> {
     // value k takes bit k of qh as its fifth bit (0x10)
     static DFLASH_INLINE __m256i row_quants(const block_q5_0 & x) {
+        const __m256i nibbles = nibbles_in_order(x.qs);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+        // qh is the byte mask itself: 16 added where its bit is set
+        return _mm256_mask_add_epi8(nibbles, (__mmask32) load_u32(x.qh), nibbles, _mm256_set1_epi8(0x10));
+#else
         const __m256i qh = _mm256_set1_epi32((int) load_u32(x.qh));
         // byte k of the 32 picks byte k / 8 of qh, then tests its bit k % 8
         const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                                 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
         const __m256i bit = _mm256_set1_epi64x((long long) 0x8040201008040201ULL);
         const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, spread), bit), bit);
-        return _mm256_or_si256(nibbles_in_order(x.qs), _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+        return _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+#endif
     }
 
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
@@ -87,8 +93,13 @@ struct Q5_0 : Offset32<Q5_0, block_q5_0, 31, 16> {
                                                  (char) (8 << s), 1 << s, 2 << s, 4 << s, (char) (8 << s), 1 << s,
                                                  2 << s, 4 << s, (char) (8 << s), 1 << s, 2 << s, 4 << s,
                                                  (char) (8 << s));
-            const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, spread), bit), bit);
+            const __m256i picked = _mm256_shuffle_epi8(qh, spread);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+            out.q[k] = _mm256_mask_add_epi8(out.q[k], _mm256_test_epi8_mask(picked, bit), out.q[k], fifth);
+#else
+            const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(picked, bit), bit);
             out.q[k] = _mm256_or_si256(out.q[k], _mm256_and_si256(set, fifth));
+#endif
         }
         out.d = load_lanes_f16(r, offsetof(block_q5_0, d));
         out.m = _mm256_setzero_ps();

@@ -266,9 +266,10 @@ DFLASH_INLINE void unpack_nibbles32(const Row * const (&r)[TILE_ROWS], size_t of
 
 // a block's 32 nibbles in value order (value k: low nibble of byte k, value k + 16: high nibble of byte k)
 DFLASH_INLINE __m256i nibbles_in_order(const uint8_t * qs) {
-    const __m128i x = _mm_loadu_si128((const __m128i *) qs);
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), low4), _mm_and_si128(x, low4));
+    // the 16 bytes in both halves, the high half shifted down 4 bits (the bits that come in from the next byte are
+    // masked off with the high nibble)
+    const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) qs));
+    return _mm256_and_si256(_mm256_srlv_epi32(x, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
 // sum of each 32-bit lane of 8 vectors, one lane per vector: lane r = sum of v[r]'s 8 lanes
