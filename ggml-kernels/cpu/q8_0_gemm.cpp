@@ -97,7 +97,11 @@ struct IQ4_NL : Signed32<IQ4_NL, block_iq4_nl> {
                                                 -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
         return _mm256_shuffle_epi8(values, nibbles);
     }
+#if DFLASH_CPU_GEMM_VNNI
     static DFLASH_INLINE __m256i row_values(const block_iq4_nl & x) { return lookup(nibbles_in_order(x.qs)); }
+#else
+    static DFLASH_INLINE __m256i row_values(const block_iq4_nl & x) { return lookup(nibbles_in_order_halves(x.qs)); }
+#endif
     static DFLASH_INLINE void transposed_values(const block_iq4_nl * (&r)[TILE_ROWS], PackedBlock & out) {
         unpack_nibbles32(r, offsetof(block_iq4_nl, qs), out);
         for (int k = 0; k < TILE_ROWS; ++k) {
