@@ -121,6 +121,26 @@ def test_cost_curve_only(files):
     assert "verify cost t(B)/t(1): B1=1.00 " in r.output
 
 
+def test_cost_curve_only_repeated_gives_each_ratios_median_and_range(files):
+    """`--cost-curve-only --repeat 3`: three curves, each B's ratio the median of the three curves' own t(B)/t(1)
+    and its range, the times the medians of the times; the line shows the ranges."""
+    target, _, _, d = files
+    out = d / "curves.json"
+    r = CliRunner().invoke(app, ["bench", "-m", str(target), "--draft-source", "lookup", "--cost-curve-only", "-t", "2",
+                                 "--draft-max", "3", "--lookup-max", "2", "--repeat", "3", "--json", str(out)])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    cc = json.loads(out.read_text())["cost_curve"]
+    rounds = [{int(b): v for b, v in c["t"].items()} for c in cc["rounds"]]
+    assert len(rounds) == 3 and all(sorted(t) == [1, 2, 3, 4] for t in rounds)
+    for b in (1, 2, 3, 4):
+        own = sorted(t[b] / t[1] for t in rounds)
+        assert cc["ratios"][str(b)] == pytest.approx(own[1], rel=1e-12)
+        assert cc["ratio_range"][str(b)] == pytest.approx([own[0], own[2]], rel=1e-12)
+        assert cc["t_s"][str(b)] == pytest.approx(sorted(t[b] for t in rounds)[1], rel=1e-12)
+    line = r.output.strip().splitlines()[-1]
+    assert line.startswith("verify cost t(B)/t(1): B1=1.00 B2=") and f"[{own[0]:.2f}-{own[2]:.2f}]" in line
+
+
 def test_cost_curve_only_without_a_drafter(files):
     """The lookup source with no -md: the target's verify curve alone (what the GPU check times on random models)."""
     target, _, _, d = files

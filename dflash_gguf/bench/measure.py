@@ -59,14 +59,14 @@ def run(settings, options: BenchOptions, template_choice=None, *, cost_curve_onl
     engine = Engine(settings)
     try:
         if cost_curve_only:
-            curve = engine.measure_cost_curve()
+            curves = [engine.measure_cost_curve() for _ in range(options.repeat)]
             drafter = engine.drafter
             return {"target": str(engine.target_model.path),
                     "drafter": drafter and str(engine.drafter_model.path), "drafter_member": drafter and drafter.member,
                     "threads": settings.n_threads, "n_gpu_layers": settings.n_gpu_layers,
                     "draft_max": engine.draft_max, "lookup_max": engine.lookup_max,
                     "backend": engine.target_model.native.info.get("backend"),
-                    "cost_curve": cost_curve_report(drafter is not None and drafter.short_blocks, curve)}
+                    "cost_curve": cost_curves_report(drafter is not None and drafter.short_blocks, curves)}
         return _measure(engine, settings, rows, options, template_choice)
     finally:
         engine.close()
@@ -82,6 +82,28 @@ def cost_curve_report(short_blocks: bool, start, end=None) -> dict:
              if short_blocks and start.t_draft_n and end.t_draft_n else None)
     return {"t_s": cost_t, "t_draft_s": (start.t_draft + end.t_draft) / 2, "t_draft_n_s": per_n,
             "ratios": {b: t / cost_t[1] for b, t in cost_t.items()}, "start": start.to_json(), "end": end.to_json()}
+
+
+def cost_curves_report(short_blocks: bool, curves: list) -> dict:
+    """`--cost-curve-only --repeat K`: K curves measured back to back (each already the median of its rounds), over
+    the sizes every one measured. `ratios` is each B's median t(B)/t(1) over the K (a ratio is taken within one
+    curve, where both times saw the same spell of a shared machine), `ratio_range` its lowest and highest; t(B) and
+    the draft costs are medians of the times; `rounds` holds every curve (a slow spell moved one curve's ratios by
+    10-15 % on a 2-core VM, so one number alone says little)."""
+    if len(curves) == 1:
+        return cost_curve_report(short_blocks, curves[0])
+    import numpy as np
+    sizes = sorted(set.intersection(*(set(c.t) for c in curves)))
+    t = {b: float(np.median([c.t[b] for c in curves])) for b in sizes}
+    per_n = None
+    if short_blocks and all(c.t_draft_n for c in curves):
+        ns = sorted(set.intersection(*(set(c.t_draft_n) for c in curves)))
+        per_n = {n: float(np.median([c.t_draft_n[n] for c in curves])) for n in ns}
+    ratios = [{b: c.t[b] / c.t[1] for b in sizes} for c in curves]
+    return {"t_s": t, "t_draft_s": float(np.median([c.t_draft for c in curves])), "t_draft_n_s": per_n,
+            "ratios": {b: float(np.median([r[b] for r in ratios])) for b in sizes},
+            "ratio_range": {b: [min(r[b] for r in ratios), max(r[b] for r in ratios)] for b in sizes},
+            "rounds": [c.to_json() for c in curves]}
 
 
 def _measure(engine, settings, rows, options: BenchOptions, template_choice) -> dict:

@@ -66,8 +66,12 @@ def render(report: dict) -> str:
 
 
 def cost_curve_line(cc: dict) -> str:
-    """One line: the verify cost t(B)/t(1) per B, t(1) and the draft call's cost."""
-    return ("verify cost t(B)/t(1): " + " ".join(f"B{b}={r:.2f}" for b, r in cc["ratios"].items())
+    """One line: the verify cost t(B)/t(1) per B (with --repeat: the median curve's, each B's range over the
+    curves in brackets), t(1) and the draft call's cost."""
+    spread = cc.get("ratio_range") or {}
+    return ("verify cost t(B)/t(1): " + " ".join(f"B{b}={r:.2f}" + (f" [{spread[b][0]:.2f}-{spread[b][1]:.2f}]"
+                                                                    if b in spread and b != 1 else "")
+                                                 for b, r in cc["ratios"].items())
             + f"; t(1) {1000 * cc['t_s'][1]:.2f} ms"
             + (f", draft {1000 * cc['t_draft_s']:.2f} ms" if cc["t_draft_s"] else "")
             + (f" (short blocks: {1000 * cc['t_draft_n_s'][min(cc['t_draft_n_s'])]:.2f} ms for "
