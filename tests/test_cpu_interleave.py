@@ -35,13 +35,12 @@ def cpu(native):
     return lib
 
 
-def _product(gemm, weight_type: str, weights: np.ndarray, acts: np.ndarray, n: int, nth: int,
+def _product(gemm, weight_type: str, weights: np.ndarray, acts: np.ndarray, n_blocks: int, n: int, nth: int,
              claiming: bool = False) -> np.ndarray:
     """[n, n_rows] float32: the first n activation rows (Q8_K) times the weights, the rows split over nth calls:
     in equal parts, or (claiming) by chunks taken from a shared counter, as ggml's threads take them (the first
     call takes every chunk left after each call's own first one)."""
     n_rows, row_bytes = weights.shape
-    n_blocks = acts.shape[1] // Q8_K_BYTES
     out = np.full((n, n_rows), np.nan, np.float32)
     counter = [nth]
 
@@ -56,7 +55,22 @@ def _product(gemm, weight_type: str, weights: np.ndarray, acts: np.ndarray, n: i
     return out
 
 
-@pytest.mark.parametrize("weight_type", ["q4_k", "q5_k"])
+def _activations(native, cpu, weight_type: str, x: np.ndarray) -> np.ndarray:
+    """x [n, k] as the weight type's vec_dot_type: Q8_K for the K-quants (our vector steps, ggml's bytes), Q8_0
+    (ggml's own quantization) for Q4_0"""
+    n, k = x.shape
+    if weight_type == "q4_0":
+        probe = MatmulProbe(native, "q8_0", [(1, k)], [1])
+        acts = probe.quantize(x)
+        probe.close()
+        return acts
+    acts = np.empty((n, k // 256 * Q8_K_BYTES), np.uint8)
+    for j in range(n):
+        assert cpu.dflash_cpu_quantize_row_q8_K(x[j].ctypes.data, acts[j].ctypes.data, k)
+    return acts
+
+
+@pytest.mark.parametrize("weight_type", ["q4_k", "q5_k", "q4_0"])
 def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu, weight_type):
     if kernels.isa == "none":
         pytest.skip("our CPU kernels do not run on this CPU")
@@ -74,29 +88,36 @@ def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu,
     inter = np.empty_like(raw)
     cpu.dflash_cpu_interleave(kind, n_rows, raw.shape[1], raw.ctypes.data, inter.ctypes.data)
     assert not np.array_equal(inter, raw) and np.array_equal(np.sort(inter, axis=None), np.sort(raw, axis=None))
-    # word w of row r of a tile's block b at 32 w + 4 r: the first tile's second block, row 3, word 5
-    block = raw.shape[1] // 3
-    assert np.array_equal(inter[:8].reshape(-1)[8 * block + 32 * 5 + 4 * 3:][:4], raw[3, block + 20:block + 24])
+    n_blocks = k // (32 if weight_type == "q4_0" else 256)
+    block = raw.shape[1] // n_blocks
+    tile = inter[:8].reshape(-1)
+    if weight_type == "q4_0":
+        # the 8 rows' fp16 scales first, then word w of row r at 16 + 32 w + 4 r: the first tile's second block,
+        # row 3's scale and its word 2 (bytes 8..11 of its quants)
+        assert np.array_equal(tile[8 * block + 2 * 3:][:2], raw[3, block:block + 2])
+        assert np.array_equal(tile[8 * block + 16 + 32 * 2 + 4 * 3:][:4], raw[3, block + 2 + 8:block + 2 + 12])
+    else:
+        # word w of row r of a tile's block b at 32 w + 4 r: the first tile's second block, row 3, word 5
+        assert np.array_equal(tile[8 * block + 32 * 5 + 4 * 3:][:4], raw[3, block + 20:block + 24])
 
     x = rng.standard_normal((max(BATCHES), k), dtype=np.float32)
-    acts = np.empty((max(BATCHES), k // 256 * Q8_K_BYTES), np.uint8)
-    for j in range(len(x)):
-        assert cpu.dflash_cpu_quantize_row_q8_K(x[j].ctypes.data, acts[j].ctypes.data, k)
+    acts = _activations(native, cpu, weight_type, x)
     chosen, by_isa = kernels.isa, {}
     try:
         for isa in [i for i in kernels.runnable() if i != "none"]:
             assert kernels.set_isa(isa)
             for n in BATCHES:
                 for nth, claiming in ((1, False), (2, False), (2, True), (3, True)):
-                    ours = _product(cpu.dflash_cpu_gemm_interleaved, weight_type, inter, acts, n, nth, claiming)
-                    rows = _product(cpu.dflash_cpu_gemm, weight_type, raw, acts, n, nth, claiming)
+                    ours = _product(cpu.dflash_cpu_gemm_interleaved, weight_type, inter, acts, n_blocks, n, nth,
+                                    claiming)
+                    rows = _product(cpu.dflash_cpu_gemm, weight_type, raw, acts, n_blocks, n, nth, claiming)
                     assert not np.isnan(ours).any(), (isa, n, nth, claiming)          # every row computed
                     assert np.array_equal(ours.view(np.uint32), rows.view(np.uint32)), (isa, n, nth, claiming)
             by_isa[isa] = ours
         # weights interleaved at load stay readable when the kernels are switched off afterwards
         best = kernels.runnable()[0]
         assert kernels.set_isa("none")
-        off = _product(cpu.dflash_cpu_gemm_interleaved, weight_type, inter, acts, 5, 2)
+        off = _product(cpu.dflash_cpu_gemm_interleaved, weight_type, inter, acts, n_blocks, 5, 2)
         assert np.array_equal(off.view(np.uint32), by_isa[best][:5].view(np.uint32))
         assert not cpu.dflash_cpu_interleave_wanted(kind, n_rows)         # nothing is interleaved from now on
     finally:

@@ -171,15 +171,18 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
 }
 
 extern "C" bool dflash_cpu_interleave_wanted(enum ggml_type type, int64_t n_rows) {
-    return (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K) && n_rows > 0 && n_rows % 8 == 0 &&
-           current_isa() != ISA_NONE;
+    return (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q4_0) && n_rows > 0 &&
+           n_rows % 8 == 0 && current_isa() != ISA_NONE;
 }
 
 extern "C" void dflash_cpu_interleave(enum ggml_type type, int64_t n_rows, size_t row_bytes, const void * src,
                                       void * dst) {
     const size_t block = ggml_type_size(type);
-    GGML_ASSERT(n_rows % 8 == 0 && block % 4 == 0 && row_bytes % block == 0);
-    const size_t words = block / 4;
+    // a block that opens with one fp16 scale before whole words (Q4_0: 2 + 16 bytes) keeps the 8 rows' scales
+    // first, then the words: 16 bytes of scales, word w of row r at 16 + 32 w + 4 r
+    const size_t lead = block % 4 == 2 ? 2 : 0;
+    GGML_ASSERT(n_rows % 8 == 0 && (block - lead) % 4 == 0 && row_bytes % block == 0);
+    const size_t words = (block - lead) / 4;
     const int64_t n_blocks = (int64_t) (row_bytes / block);
     for (int64_t r0 = 0; r0 < n_rows; r0 += 8) {
         const char * rows = (const char *) src + r0 * row_bytes;
@@ -188,8 +191,9 @@ extern "C" void dflash_cpu_interleave(enum ggml_type type, int64_t n_rows, size_
             char * out = tile + b * 8 * block;
             for (int r = 0; r < 8; ++r) {
                 const char * in = rows + r * row_bytes + b * block;
+                memcpy(out + lead * r, in, lead);
                 for (size_t w = 0; w < words; ++w) {
-                    memcpy(out + 32 * w + 4 * r, in + 4 * w, 4);
+                    memcpy(out + 8 * lead + 32 * w + 4 * r, in + lead + 4 * w, 4);
                 }
             }
         }
@@ -208,6 +212,7 @@ extern "C" bool dflash_cpu_gemm_interleaved(enum ggml_type type, int64_t n_rows,
     switch (type) {
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_K, gemm_q4_k_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_K, gemm_q5_k_interleaved)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_0, gemm_q4_0_interleaved)
         default:
             return false;
     }

@@ -47,11 +47,22 @@ struct Q4_0 : Offset32<Q4_0, block_q4_0, 15, 8> {
     static DFLASH_INLINE __m256i row_quants(const block_q4_0 & x) { return nibbles_in_order(x.qs); }
 
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
+        out.m = _mm256_setzero_ps();
+        if (t.interleaved) {     // the 8 rows' scales, then word k of the 8 rows: the lanes of q[k] and q[k + 4]
+            const char * block = t.base + b * (int64_t) (TILE_ROWS * sizeof(block_q4_0));
+            out.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) block));
+            const __m256i low4 = _mm256_set1_epi8(0x0F);
+            for (int k = 0; k < 4; ++k) {
+                const __m256i word = _mm256_loadu_si256((const __m256i *) (block + 2 * TILE_ROWS + 32 * k));
+                out.q[k] = _mm256_and_si256(word, low4);
+                out.q[k + 4] = _mm256_and_si256(_mm256_srli_epi16(word, 4), low4);
+            }
+            return;
+        }
         const block_q4_0 * r[TILE_ROWS];
         t.rows(b, r);
         unpack_nibbles32(r, offsetof(block_q4_0, qs), out);
         out.d = load_lanes_f16(r, offsetof(block_q4_0, d));
-        out.m = _mm256_setzero_ps();
     }
 };
 

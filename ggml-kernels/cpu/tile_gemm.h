@@ -379,7 +379,7 @@ struct Tile {
     }
 
     // rows 8..15 of a 16-row tile (V16), as a tile of their own that fetches nothing ahead
-    DFLASH_INLINE Tile second_half() const { return Tile{base + TILE_ROWS * stride, stride, nullptr, 0}; }
+    DFLASH_INLINE Tile second_half() const { return Tile{base + TILE_ROWS * stride, stride, nullptr, 0, interleaved}; }
 };
 
 // Block b of each of a tile's 8 rows (Tile::rows), and what the K-quants' unpacking reads from them: lane r = row r
@@ -783,12 +783,13 @@ void tile_range(int64_t tile0, int64_t tile1, int64_t n_rows, int64_t n_cols, in
         const int64_t r0 = t * TILE_ROWS;
         const int valid = (int) (n_rows - r0 < TILE_ROWS ? n_rows - r0 : TILE_ROWS);
 #if DFLASH_CPU_GEMM_V16
-        // two whole tiles of the range side by side (the next pair is fetched ahead)
+        // two whole tiles of the range side by side (the next pair is fetched ahead; interleaved tiles lie one
+        // after the other, so it is the next 16 rows either way)
         if constexpr (Format::TILED && Format::PAIR_TILES) {
-            if (!rowwise && !interleaved && t + 1 < tile1 && r0 + 2 * TILE_ROWS <= n_rows) {
+            if (!rowwise && t + 1 < tile1 && r0 + 2 * TILE_ROWS <= n_rows) {
                 const Tile pair{(const char *) A + r0 * a_row_bytes, a_row_bytes,
                                 t + 2 < tile1 ? (const char *) A + (r0 + 2 * TILE_ROWS) * a_row_bytes : nullptr,
-                                2 * TILE_ROWS * a_row_bytes / n_blocks};
+                                2 * TILE_ROWS * a_row_bytes / n_blocks, interleaved};
                 tile_in_lanes<Format, V16>(pair, V16::ROWS, n_blocks, n_cols, act, scratch.packed16, C, ldc, r0);
                 t += 2;
                 continue;
