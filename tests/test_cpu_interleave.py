@@ -37,9 +37,9 @@ def cpu(native):
 
 def _product(gemm, weight_type: str, weights: np.ndarray, acts: np.ndarray, n_blocks: int, n: int, nth: int,
              claiming: bool = False) -> np.ndarray:
-    """[n, n_rows] float32: the first n activation rows (Q8_K) times the weights, the rows split over nth calls:
-    in equal parts, or (claiming) by chunks taken from a shared counter, as ggml's threads take them (the first
-    call takes every chunk left after each call's own first one)."""
+    """[n, n_rows] float32: the first n activation rows (the type's vec_dot_type) times the weights, the rows split
+    over nth calls: in equal parts, or (claiming) by chunks taken from a shared counter, as ggml's threads take them
+    (the first call takes every chunk left after each call's own first one)."""
     n_rows, row_bytes = weights.shape
     out = np.full((n, n_rows), np.nan, np.float32)
     counter = [nth]

@@ -25,8 +25,9 @@ def register(app: typer.Typer) -> None:
         baselines: str = typer.Option("plain,dflash,lookup,hybrid,upstream,ngram", "--baselines",
                                       help="comma list of plain, dflash, lookup, hybrid (ours: each draft source), "
                                            "upstream (C++ DFlash), ngram (C++ n-gram)"),
-        repeat: int = typer.Option(1, "--repeat", help="repeat the whole set K times (median and min/max); with --cost-curve-only, K curves: "
-                                         "each B's median t(B)/t(1) and its range"),
+        repeat: int = typer.Option(1, "--repeat",
+                                   help="repeat the whole set K times (median and min/max); with --cost-curve-only, "
+                                        "K curves: each B's median t(B)/t(1) and its range"),
         limit: Optional[int] = typer.Option(None, "--limit", help="at most N prompts per category"),
         tools_dir: Optional[Path] = typer.Option(None, "--tools-dir",
                                                  help="upstream binaries (default: <lib dir>/tools)"),

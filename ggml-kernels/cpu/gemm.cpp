@@ -178,8 +178,7 @@ extern "C" bool dflash_cpu_interleave_wanted(enum ggml_type type, int64_t n_rows
 extern "C" void dflash_cpu_interleave(enum ggml_type type, int64_t n_rows, size_t row_bytes, const void * src,
                                       void * dst) {
     const size_t block = ggml_type_size(type);
-    // a block that opens with one fp16 scale before whole words (Q4_0: 2 + 16 bytes) keeps the 8 rows' scales
-    // first, then the words: 16 bytes of scales, word w of row r at 16 + 32 w + 4 r
+    // the layout: gemm.h; lead: the bytes of a block's opening fp16 scale where the rest is whole words (Q4_0)
     const size_t lead = block % 4 == 2 ? 2 : 0;
     GGML_ASSERT(n_rows % 8 == 0 && (block - lead) % 4 == 0 && row_bytes % block == 0);
     const size_t words = (block - lead) / 4;

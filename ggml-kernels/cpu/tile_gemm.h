@@ -833,7 +833,8 @@ void tile_range(int64_t tile0, int64_t tile1, int64_t n_rows, int64_t n_cols, in
 constexpr int64_t CHUNKS_PER_THREAD = 4;
 
 // The whole product for one format; Format::column_scale gives each activation block's Format::Scale.
-// interleaved: A's tiles of 8 rows word-interleaved (n_rows a multiple of 8; formats whose lanes read TileRows)
+// interleaved: A's tiles of 8 rows word-interleaved (n_rows a multiple of 8; formats whose unpacking reads them:
+// TileRows for the K-quants, Q4_0::unpack)
 template <class Format>
 void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,
                const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth,
