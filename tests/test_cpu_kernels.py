@@ -36,9 +36,13 @@ NMSE_VS_F32 = 5e-4                      # test-backend-ops' MUL_MAT tolerance
 QUANTIZED = ["q4_0", "q4_1", "q5_0", "q8_0", "iq4_nl", "q4_k", "q5_k", "q6_k", "iq4_xs"]
 TYPES = QUANTIZED + ["f16", "f32"]
 NMSE_VS_STOCK = {t: 1e-9 for t in QUANTIZED} | {"f16": 1e-5, "f32": 1e-9}
+K_TILED = {"q4_k", "q5_k", "q6_k", "iq4_xs"}       # the AVX-512 variant may step their tiles two at a time
 BLOCK = {"q4_k": 256, "q5_k": 256, "q6_k": 256, "iq4_xs": 256, "f16": 1, "f32": 1}      # weights per block (32 for the rest)
 # (n_rows, k, threads): rows not a multiple of the 8-row tiles, one and several blocks per row
-SHAPES = [(100, 576, 2), (37, 1536, 2), (13, 32, 1), (576, 576, 1), (11, 44, 2), (21, 512, 2), (9, 256, 1)]
+# (40, 256, 1): one thread's chunk of whole tiles, so the AVX-512 variant steps K-quant tiles in pairs (two threads
+# claim chunks of one tile each in these small products)
+SHAPES = [(100, 576, 2), (37, 1536, 2), (13, 32, 1), (576, 576, 1), (11, 44, 2), (21, 512, 2), (9, 256, 1),
+          (40, 256, 1)]
 CASES = [(t, *shape) for t in TYPES for shape in SHAPES if shape[1] % BLOCK.get(t, 32) == 0]
 
 
@@ -102,8 +106,13 @@ def test_matmul_matches_references_and_is_batch_invariant(native, kernels, weigh
     probe.set_weights(0, raw)
     x = {n: rng.standard_normal((n, k), dtype=np.float32) for n in BATCHES}
     by_isa = {}
-    for isa in [i for i in kernels.runnable() if i != "none"]:
+    # the AVX-512 variant steps the K-quants' tiles two at a time on some cores and not on others: both, everywhere
+    variants = [(isa, wide) for isa in kernels.runnable() if isa != "none"
+                for wide in ((False, True) if isa == "avx512" and weight_type in K_TILED else (None,))]
+    for isa, wide in variants:
         assert kernels.set_isa(isa)
+        kernels.set_wide_k_tiles(wide)
+        label = isa + ("-wide-k-tiles" if wide else "")
         ours = {}
         for n in BATCHES:
             probe.set_activations(x[n])
@@ -113,17 +122,18 @@ def test_matmul_matches_references_and_is_batch_invariant(native, kernels, weigh
             stock = probe.result(n)
             ref = x[n].astype(np.float64) @ w_deq.T
             assert np.isfinite(ours[n]).all()
-            assert nmse(ours[n], ref) <= NMSE_VS_F32, f"{isa} B={n}: far from the float reference"
-            assert nmse(ours[n], stock) <= NMSE_VS_STOCK[weight_type], f"{isa} B={n}: far from ggml's stock path"
+            assert nmse(ours[n], ref) <= NMSE_VS_F32, f"{label} B={n}: far from the float reference"
+            assert nmse(ours[n], stock) <= NMSE_VS_STOCK[weight_type], f"{label} B={n}: far from ggml's stock path"
         for n in BATCHES[1:]:                           # each column alone, through the B = 1 graph
             for j in range(n):
                 probe.set_activations(x[n][j:j + 1])
                 probe.compute(1, n_threads)
                 alone = probe.result(1)[0]
                 assert np.array_equal(ours[n][j].view(np.uint32), alone.view(np.uint32)), \
-                    f"{isa} {weight_type}: column {j} of B={n} differs from the same column alone"
-        by_isa[isa] = ours
+                    f"{label} {weight_type}: column {j} of B={n} differs from the same column alone"
+        by_isa[label] = ours
     kernels.set_isa(chosen)
+    kernels.set_wide_k_tiles(None)
     first = next(iter(by_isa.values()))
     for isa, ours in by_isa.items():
         for n in BATCHES:

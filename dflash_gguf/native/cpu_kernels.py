@@ -23,6 +23,11 @@ class CpuKernels:
         self._set = getattr(cpu, "dflash_cpu_set_isa", None)
         self._invariant = getattr(cpu, "dflash_cpu_batch_invariant", None)
         self._one_order = getattr(cpu, "dflash_cpu_flash_attn_one_order", None)
+        self._wide_k = getattr(cpu, "dflash_cpu_wide_k_tiles", None)
+        self._set_wide_k = getattr(cpu, "dflash_cpu_set_wide_k_tiles", None)
+        if self._wide_k is not None:
+            self._wide_k.argtypes, self._wide_k.restype = [], ctypes.c_bool
+            self._set_wide_k.argtypes, self._set_wide_k.restype = [ctypes.c_int], None
         if self._get is not None:
             self._get.argtypes, self._get.restype = [], ctypes.c_char_p
             self._set.argtypes, self._set.restype = [ctypes.c_char_p], ctypes.c_bool
@@ -46,6 +51,17 @@ class CpuKernels:
         """Whether flash attention over F16/F32 K and V computes each query row in one summation order for any
         number of rows (patches/0012; off after "none", where ggml's tiled kernel takes 64 rows and more)."""
         return bool(self._one_order()) if self._one_order is not None else False
+
+    @property
+    def wide_k_tiles(self) -> bool:
+        """Whether the AVX-512 variant steps the K-quants' tiles two at a time from 4 columns (gemm.h: on where the
+        core runs 512-bit dot steps at full rate, or as DFLASH_CPU_WIDE_K_TILES says). The bits are the same."""
+        return bool(self._wide_k()) if self._wide_k is not None else False
+
+    def set_wide_k_tiles(self, on: bool | None) -> None:
+        """Decide wide_k_tiles (None: as chosen at first use)."""
+        if self._set_wide_k is not None:
+            self._set_wide_k(-1 if on is None else int(on))
 
     def set_isa(self, isa: str) -> bool:
         """Switch to `isa` ("auto" = the best this CPU runs); False when this CPU cannot run it."""

@@ -224,6 +224,38 @@ extern "C" bool dflash_cpu_gemm_interleaved(enum ggml_type type, int64_t n_rows,
 #undef DFLASH_CPU_GEMM_CASE
 #undef DFLASH_CPU_GEMM_ARGS_UNUSED
 
+namespace {
+
+int wide_k_tiles_choice() {
+    const char * requested = std::getenv("DFLASH_CPU_WIDE_K_TILES");
+    if (requested != nullptr && (std::strcmp(requested, "0") == 0 || std::strcmp(requested, "1") == 0)) {
+        return requested[0] - '0';
+    }
+#if DFLASH_CPU_VARIANTS
+    return cpu_runs(ISA_AVX512) && dflash_cpu::avx512::full_rate_512() ? 1 : 0;
+#else
+    return 0;
+#endif
+}
+
+std::atomic<int> g_wide_k_tiles{-1};
+
+}  // namespace
+
+extern "C" bool dflash_cpu_wide_k_tiles(void) {
+    int on = g_wide_k_tiles.load(std::memory_order_relaxed);
+    if (on < 0) {
+        int expected = -1;
+        g_wide_k_tiles.compare_exchange_strong(expected, wide_k_tiles_choice());
+        on = g_wide_k_tiles.load(std::memory_order_relaxed);
+    }
+    return on == 1;
+}
+
+extern "C" void dflash_cpu_set_wide_k_tiles(int on) {
+    g_wide_k_tiles.store(on < 0 ? wide_k_tiles_choice() : (on ? 1 : 0));
+}
+
 extern "C" bool dflash_cpu_quantize_row_q8_K(const float * x, void * y, int64_t k) {
     const Isa isa = current_isa();
     if (isa == ISA_NONE) {

@@ -33,6 +33,8 @@
     DFLASH_CPU_QUANT_GEMM(gemm_iq4_xs)                                                                         \
     /* activations of the K-quants, as ggml's quantize_row_q8_K_ref writes them (gemm.h) */                 \
     bool quantize_q8_k(const float * x, void * y, int64_t k);                                                 \
+    /* whether this core runs 512-bit dot steps as fast as 256-bit ones (false where the variant has none) */  \
+    bool full_rate_512(void);                                                                                  \
     /* F16 / F32 weights x F32 activations (gemm.h: dflash_cpu_gemm_f32_act) */                              \
     bool gemm_float(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t k, const void * A,           \
                     size_t a_row_bytes, const float * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, \

@@ -14,6 +14,7 @@
 
 #include "tile_gemm.h"
 
+#include <chrono>
 #include <cmath>
 
 namespace dflash_cpu {
@@ -260,9 +261,14 @@ struct KTraits {
     static constexpr bool ROW_MAJOR = true;
     static constexpr int64_t ROWWISE_MAX = ROWS;
     static constexpr bool COLUMNS_TOGETHER = true;
-    // 16-row tiles (V16) measured no faster for Q4_K and slower for Q6_K (8 columns x 4 qwen3-0.6b layers,
-    // 1 thread: Q4_K 7.9 vs 7.2-8.2 ms, Q6_K 16.6 vs 12.3): the K-quants run 8-row tiles on every variant
-    static constexpr bool PAIR_TILES = false;
+    // 16-row tiles (V16) from 4 columns, where the core runs 512-bit dot steps at full rate (dflash_cpu_wide_k_tiles).
+    // Emerald Rapids, 16384 x 2048, 1 thread, in-process A/B against 8-row tiles: Q4_K B = 1 / 2 / 4 / 8 / 16 1.58x /
+    // 1.14x / 0.83x / 0.53x / 0.70x the time, Q6_K B = 4 / 8 / 16 0.96x / 0.83x / 0.74x. Zen 4, which splits them in
+    // two: no faster for Q4_K and slower for Q6_K (8 columns x 4 qwen3-0.6b layers, 1 thread: Q4_K 7.9 vs 7.2-8.2 ms,
+    // Q6_K 16.6 vs 12.3)
+    static constexpr bool PAIR_TILES = true;
+    static constexpr int64_t PAIR_MIN_COLS = 4;
+    static constexpr bool PAIR_AT_FULL_RATE_ONLY = true;
 
     static KScale column_scale(const block_q8_K & y) { return q8_k_column_scale(y); }
 };
@@ -749,6 +755,44 @@ void quantize_q8_k_block(const float * x, block_q8_K & y) {
 }  // namespace
 
 #endif  // DFLASH_CPU_GEMM_X86
+
+bool full_rate_512(void) {
+#if DFLASH_CPU_GEMM_V16
+    // 8 independent chains of dot steps, 256-bit then 512-bit; a core that splits a 512-bit step in two takes twice
+    // as long for the second (Zen 4: 2x), one with two 512-bit units about as long (Emerald Rapids: ~1x)
+    constexpr int STEPS = 4096;
+    const auto time_chains = [](auto zero) {
+        using I = decltype(zero);
+        I acc[8], u = zero, s = zero;
+        double best = 1e30;
+        for (int round = 0; round < 3; ++round) {
+            for (I & a : acc) {
+                a = zero;
+            }
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int i = 0; i < STEPS; ++i) {
+                for (I & a : acc) {
+                    if constexpr (sizeof(I) == 64) {
+                        a = _mm512_dpbusd_epi32(a, u, s);
+                    } else {
+                        a = _mm256_dpbusd_epi32(a, u, s);
+                    }
+                }
+                __asm__ volatile("" : "+v"(u));
+            }
+            __asm__ volatile("" ::"v"(acc[0]), "v"(acc[1]), "v"(acc[2]), "v"(acc[3]), "v"(acc[4]), "v"(acc[5]),
+                             "v"(acc[6]), "v"(acc[7]));
+            best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+        return best;
+    };
+    const double t256 = time_chains(_mm256_setzero_si256());
+    const double t512 = time_chains(_mm512_setzero_si512());
+    return t512 < 1.4 * t256;
+#else
+    return false;
+#endif
+}
 
 bool quantize_q8_k(const float * x, void * y, int64_t k) {
 #if DFLASH_CPU_GEMM_X86

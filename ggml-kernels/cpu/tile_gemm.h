@@ -774,6 +774,23 @@ void tile_in_lanes(const Tile & tile, int valid, int64_t n_blocks, int64_t n_col
     }
 }
 
+// Whether a product of n_cols columns steps two tiles at a time (formats with PAIR_TILES): from Format::PAIR_MIN_COLS
+// columns, and for formats with PAIR_AT_FULL_RATE_ONLY only where the core runs 512-bit dot steps at full rate
+template <class Format, class = void>
+struct pair_rule {
+    static constexpr int64_t MIN_COLS = 1;
+    static constexpr bool FULL_RATE_ONLY = false;
+};
+template <class Format>
+struct pair_rule<Format, std::void_t<decltype(Format::PAIR_MIN_COLS)>> {
+    static constexpr int64_t MIN_COLS = Format::PAIR_MIN_COLS;
+    static constexpr bool FULL_RATE_ONLY = Format::PAIR_AT_FULL_RATE_ONLY;
+};
+template <class Format>
+bool pairs_wanted(int64_t n_cols) {
+    return n_cols >= pair_rule<Format>::MIN_COLS && (!pair_rule<Format>::FULL_RATE_ONLY || dflash_cpu_wide_k_tiles());
+}
+
 // Tiles tile0..tile1 of the product (tile_gemm), in order; the next tile is fetched ahead within the range
 template <class Format>
 void tile_range(int64_t tile0, int64_t tile1, int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
@@ -786,7 +803,7 @@ void tile_range(int64_t tile0, int64_t tile1, int64_t n_rows, int64_t n_cols, in
         // two whole tiles of the range side by side (the next pair is fetched ahead; interleaved tiles lie one
         // after the other, so it is the next 16 rows either way)
         if constexpr (Format::TILED && Format::PAIR_TILES) {
-            if (!rowwise && t + 1 < tile1 && r0 + 2 * TILE_ROWS <= n_rows) {
+            if (!rowwise && t + 1 < tile1 && r0 + 2 * TILE_ROWS <= n_rows && pairs_wanted<Format>(n_cols)) {
                 const Tile pair{(const char *) A + r0 * a_row_bytes, a_row_bytes,
                                 t + 2 < tile1 ? (const char *) A + (r0 + 2 * TILE_ROWS) * a_row_bytes : nullptr,
                                 2 * TILE_ROWS * a_row_bytes / n_blocks, interleaved};
