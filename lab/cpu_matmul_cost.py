@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ggml-dir", type=Path, default=None,
                     help="time the libggml-base/libggml-cpu of this build folder instead of the project's libraries")
-    ap.add_argument("--isa", default=None, choices=["avx512", "avx2"],
+    ap.add_argument("--isa", default=None, choices=["avx512", "avxvnni", "avx2"],
                     help="run our kernels' variant for this instruction set (default: the best the CPU runs)")
     ap.add_argument("--cpu-clock", action="store_true",
                     help="with --threads 1: time this thread's CPU time (robust on a busy machine)")

@@ -1,8 +1,8 @@
 """Which instruction-set variant of our CPU kernels (ggml-kernels/cpu) runs, and switching it.
 
-The kernels are compiled for AVX2 and for AVX-512; ggml-cpu picks the best one the CPU runs, or the
-one the environment variable DFLASH_CPU_ISA names. Switching lets an AVX-512 machine run (and test)
-exactly what AVX2-only machines run. "none" sends every product back to ggml's own paths, the ones whose
+The kernels are compiled for AVX2, for AVX-VNNI (AVX2 with 256-bit VNNI dot steps: Intel's cores without AVX-512
+since Alder Lake) and for AVX-512; ggml-cpu picks the best one the CPU runs, or the one the environment variable
+DFLASH_CPU_ISA names. Switching lets an AVX-512 machine run (and test) exactly what AVX2-only machines run. "none" sends every product back to ggml's own paths, the ones whose
 summation order depends on the batch width (tinyBLAS, the repacked 4-column gemm) included.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .lib import NativeLibrary, libname
 
-ISAS = ("avx512", "avx2", "none")
+ISAS = ("avx512", "avxvnni", "avx2", "none")
 
 
 class CpuKernels:
@@ -37,7 +37,7 @@ class CpuKernels:
 
     @property
     def isa(self) -> str:
-        """The variant in use: "avx512", "avx2" or "none" (also for a build without our kernels)."""
+        """The variant in use: "avx512", "avxvnni", "avx2" or "none" (also for a build without our kernels)."""
         return self._get().decode() if self._get is not None else "none"
 
     @property

@@ -16,9 +16,10 @@
 
 namespace {
 
-enum Isa { ISA_UNSET = -1, ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+enum Isa { ISA_UNSET = -1, ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVXVNNI = 2, ISA_AVX512 = 3 };
 
-const char * const ISA_NAMES[] = {"none", "avx2", "avx512"};
+const char * const ISA_NAMES[] = {"none", "avx2", "avxvnni", "avx512"};
+constexpr int N_ISAS = 4;
 
 bool cpu_runs(Isa isa) {
 #if DFLASH_CPU_VARIANTS
@@ -31,6 +32,9 @@ bool cpu_runs(Isa isa) {
     if (isa == ISA_AVX2) {
         return avx2;
     }
+    if (isa == ISA_AVXVNNI) {   // AVX-VNNI: 256-bit vpdpbusd without AVX-512 (Intel since Alder Lake)
+        return avx2 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4));
+    }
     return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 #else
@@ -39,7 +43,10 @@ bool cpu_runs(Isa isa) {
 }
 
 Isa best_isa() {
-    return cpu_runs(ISA_AVX512) ? ISA_AVX512 : cpu_runs(ISA_AVX2) ? ISA_AVX2 : ISA_NONE;
+    return cpu_runs(ISA_AVX512)    ? ISA_AVX512
+           : cpu_runs(ISA_AVXVNNI) ? ISA_AVXVNNI
+           : cpu_runs(ISA_AVX2)    ? ISA_AVX2
+                                   : ISA_NONE;
 }
 
 bool parse(const char * name, Isa & out) {
@@ -47,7 +54,7 @@ bool parse(const char * name, Isa & out) {
         out = best_isa();
         return true;
     }
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < N_ISAS; ++i) {
         if (std::strcmp(name, ISA_NAMES[i]) == 0) {
             out = (Isa) i;
             return cpu_runs(out);
@@ -133,14 +140,17 @@ extern "C" bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols) {
     (void) type; (void) n_rows; (void) n_cols; (void) n_blocks; (void) A; (void) a_row_bytes; (void) B;         \
     (void) b_row_bytes; (void) C; (void) ldc; (void) ith; (void) nth; (void) next_chunk; (void) pool
 
+// `call` (a function and its arguments) in the namespace of the variant `isa`
+#define DFLASH_CPU_BY_ISA(isa, call)                                                                             \
+    ((isa) == ISA_AVX512 ? dflash_cpu::avx512::call                                                             \
+     : (isa) == ISA_AVXVNNI ? dflash_cpu::avxvnni::call                                                         \
+                            : dflash_cpu::avx2::call)
+
 // one quantized type's kernel of the variant `isa` (dflash_cpu_gemm, dflash_cpu_gemm_interleaved)
 #define DFLASH_CPU_GEMM_CASE(TYPE, fn)                                                                           \
     case TYPE:                                                                                                  \
-        return isa == ISA_AVX512                                                                                \
-                   ? dflash_cpu::avx512::fn(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth, \
-                                            next_chunk, pool)                                                   \
-                   : dflash_cpu::avx2::fn(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth,   \
-                                          next_chunk, pool);
+        return DFLASH_CPU_BY_ISA(isa, fn(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth, \
+                                         next_chunk, pool));
 
 extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t n_blocks,
                                 const void * A, size_t a_row_bytes, const void * B, size_t b_row_bytes,
@@ -262,7 +272,7 @@ extern "C" bool dflash_cpu_quantize_row_q8_K(const float * x, void * y, int64_t 
         return false;
     }
 #if DFLASH_CPU_VARIANTS
-    return isa == ISA_AVX512 ? dflash_cpu::avx512::quantize_q8_k(x, y, k) : dflash_cpu::avx2::quantize_q8_k(x, y, k);
+    return DFLASH_CPU_BY_ISA(isa, quantize_q8_k(x, y, k));
 #else
     (void) x; (void) y; (void) k;
     return false;
@@ -277,9 +287,8 @@ extern "C" bool dflash_cpu_gemm_f32_act(enum ggml_type type, int64_t n_rows, int
         return false;
     }
 #if DFLASH_CPU_VARIANTS
-    return isa == ISA_AVX512
-               ? dflash_cpu::avx512::gemm_float(type, n_rows, n_cols, k, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth)
-               : dflash_cpu::avx2::gemm_float(type, n_rows, n_cols, k, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth);
+    return DFLASH_CPU_BY_ISA(isa,
+                             gemm_float(type, n_rows, n_cols, k, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth));
 #else
     (void) type; (void) n_rows; (void) n_cols; (void) k; (void) A; (void) a_row_bytes; (void) B;
     (void) b_row_bytes; (void) C; (void) ldc; (void) ith; (void) nth;

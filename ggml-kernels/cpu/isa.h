@@ -1,9 +1,10 @@
 // dflash-gguf: the entry points of one instruction-set variant of our CPU kernels (internal).
 //
-// Each kernel source is compiled twice (patches/0003, CMake): with -DDFLASH_CPU_VARIANT=avx2 and
-// AVX2/FMA/F16C only (AVX-512 and AVX-VNNI off), and with -DDFLASH_CPU_VARIANT=avx512 and
-// AVX-512 F/BW/VL/VNNI on. gemm.cpp checks the CPU at run time and calls one of them, so an AVX-512
-// machine can also run (and test) exactly what an AVX2-only machine runs.
+// Each kernel source is compiled three times (patches/0003, CMake): with -DDFLASH_CPU_VARIANT=avx2 and
+// AVX2/FMA/F16C only (AVX-512 and AVX-VNNI off), with -DDFLASH_CPU_VARIANT=avxvnni and AVX-VNNI on top (256-bit
+// vpdpbusd, Intel's cores without AVX-512 since Alder Lake), and with -DDFLASH_CPU_VARIANT=avx512 and AVX-512
+// F/BW/VL/VNNI on. gemm.cpp checks the CPU at run time and calls one of them, so an AVX-512 machine can also run
+// (and test) exactly what an AVX2-only or AVX-VNNI machine runs.
 #pragma once
 
 #include "gemm.h"
@@ -42,6 +43,9 @@
 
 namespace dflash_cpu {
 namespace avx2 {
+DFLASH_CPU_VARIANT_ENTRY_POINTS
+}
+namespace avxvnni {
 DFLASH_CPU_VARIANT_ENTRY_POINTS
 }
 namespace avx512 {
