@@ -86,8 +86,9 @@ bool dflash_cpu_batch_invariant(void);
 // Whether the AVX-512 variant steps the K-quants' tiles (Q4_K, Q5_K, Q6_K, IQ4_XS) two at a time, 16 rows in a
 // __m512, for batches of 4 columns and more. Chosen at first use: on where the core runs 512-bit dot steps as fast as
 // 256-bit ones (two 512-bit units: Intel Xeon Scalable; 8 columns of Q4_K 0.53x the time of 8-row tiles on an Emerald
-// Rapids core), off where it splits them in two (Zen 4: no faster, docs/cpu-kernels.md). The environment variable
-// DFLASH_CPU_WIDE_K_TILES=1 or 0 decides instead. The bits are the same either way.
+// Rapids core), off where a 512-bit step takes about twice as long (a core that splits it in two; on Zen 4, before this
+// choice existed, 16-row K tiles measured no faster: docs/cpu-kernels.md). DFLASH_CPU_WIDE_K_TILES=1 or 0 decides
+// instead. The bits are the same either way.
 bool dflash_cpu_wide_k_tiles(void);
 // Decide it: 1 on, 0 off, -1 as chosen at first use. Call between graph computations.
 void dflash_cpu_set_wide_k_tiles(int on);

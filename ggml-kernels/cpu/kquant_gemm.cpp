@@ -263,9 +263,9 @@ struct KTraits {
     static constexpr bool COLUMNS_TOGETHER = true;
     // 16-row tiles (V16) from 4 columns, where the core runs 512-bit dot steps at full rate (dflash_cpu_wide_k_tiles).
     // Emerald Rapids, 16384 x 2048, 1 thread, in-process A/B against 8-row tiles: Q4_K B = 1 / 2 / 4 / 8 / 16 1.58x /
-    // 1.14x / 0.83x / 0.53x / 0.70x the time, Q6_K B = 4 / 8 / 16 0.96x / 0.83x / 0.74x. Zen 4, which splits them in
-    // two: no faster for Q4_K and slower for Q6_K (8 columns x 4 qwen3-0.6b layers, 1 thread: Q4_K 7.9 vs 7.2-8.2 ms,
-    // Q6_K 16.6 vs 12.3)
+    // 1.14x / 0.83x / 0.53x / 0.70x the time, Q6_K B = 4 / 8 / 16 0.96x / 0.83x / 0.74x. On Zen 4, before the choice
+    // existed: no faster for Q4_K and slower for Q6_K (8 columns x 4 qwen3-0.6b layers, 1 thread: Q4_K 7.9 vs 7.2-8.2
+    // ms, Q6_K 16.6 vs 12.3)
     static constexpr bool PAIR_TILES = true;
     static constexpr int64_t PAIR_MIN_COLS = 4;
     static constexpr bool PAIR_AT_FULL_RATE_ONLY = true;
