@@ -104,10 +104,7 @@ def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu,
     acts = _activations(native, cpu, weight_type, x)
     chosen, by_isa = kernels.isa, {}
     try:
-        # the AVX-512 variant steps K-quant tiles two at a time on some cores only (gemm.h): both ways, everywhere
-        variants = [(isa, wide) for isa in kernels.runnable() if isa != "none"
-                    for wide in ((False, True) if isa == "avx512" and weight_type != "q4_0" else (None,))]
-        for isa, wide in variants:
+        for isa, wide in kernels.variants(weight_type != "q4_0"):
             assert kernels.set_isa(isa)
             kernels.set_wide_k_tiles(wide)
             for n in BATCHES:

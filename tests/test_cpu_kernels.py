@@ -110,10 +110,7 @@ def test_matmul_matches_references_and_is_batch_invariant(native, kernels, weigh
     probe.set_weights(0, raw)
     x = {n: rng.standard_normal((n, k), dtype=np.float32) for n in BATCHES}
     by_isa = {}
-    # the AVX-512 variant steps the K-quants' tiles two at a time on some cores and not on others: both, everywhere
-    variants = [(isa, wide) for isa in kernels.runnable() if isa != "none"
-                for wide in ((False, True) if isa == "avx512" and weight_type in K_TILED else (None,))]
-    for isa, wide in variants:
+    for isa, wide in kernels.variants(weight_type in K_TILED):
         assert kernels.set_isa(isa)
         kernels.set_wide_k_tiles(wide)
         label = isa + ("-wide-k-tiles" if wide else "")

@@ -2,8 +2,9 @@
 
 The kernels are compiled for AVX2, for AVX-VNNI (AVX2 with 256-bit VNNI dot steps: Intel's cores without AVX-512
 since Alder Lake) and for AVX-512; ggml-cpu picks the best one the CPU runs, or the one the environment variable
-DFLASH_CPU_ISA names. Switching lets an AVX-512 machine run (and test) exactly what AVX2-only machines run. "none" sends every product back to ggml's own paths, the ones whose
-summation order depends on the batch width (tinyBLAS, the repacked 4-column gemm) included.
+DFLASH_CPU_ISA names. Switching lets an AVX-512 machine run (and test) exactly what AVX2-only machines run. "none"
+sends every product back to ggml's own paths, the ones whose summation order depends on the batch width (tinyBLAS,
+the repacked 4-column gemm) included.
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ class CpuKernels:
         """Decide wide_k_tiles (None: as chosen at first use)."""
         if self._set_wide_k is not None:
             self._set_wide_k(-1 if on is None else int(on))
+
+    def variants(self, k_tiled: bool) -> list[tuple[str, bool | None]]:
+        """(variant, wide_k_tiles) pairs that cover every path this CPU runs, for weights of a K-quant type (k_tiled)
+        or not: the AVX-512 variant steps K-quant tiles two at a time on some cores only, so both ways there; None
+        leaves wide_k_tiles as it is (no other variant or type reads it)."""
+        return [(isa, wide) for isa in self.runnable() if isa != "none"
+                for wide in ((False, True) if isa == "avx512" and k_tiled else (None,))]
 
     def set_isa(self, isa: str) -> bool:
         """Switch to `isa` ("auto" = the best this CPU runs); False when this CPU cannot run it."""

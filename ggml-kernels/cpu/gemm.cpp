@@ -19,7 +19,7 @@ namespace {
 enum Isa { ISA_UNSET = -1, ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVXVNNI = 2, ISA_AVX512 = 3 };
 
 const char * const ISA_NAMES[] = {"none", "avx2", "avxvnni", "avx512"};
-constexpr int N_ISAS = 4;
+constexpr int N_ISAS = sizeof ISA_NAMES / sizeof ISA_NAMES[0];
 
 bool cpu_runs(Isa isa) {
 #if DFLASH_CPU_VARIANTS

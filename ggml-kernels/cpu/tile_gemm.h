@@ -796,6 +796,9 @@ template <class Format>
 void tile_range(int64_t tile0, int64_t tile1, int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
                 size_t a_row_bytes, const Activations<Format> & act, bool rowwise, bool interleaved, size_t row_data,
                 Scratch<Format> & scratch, float * C, int64_t ldc) {
+#if DFLASH_CPU_GEMM_V16
+    const bool pairs = !rowwise && pairs_wanted<Format>(n_cols);
+#endif
     for (int64_t t = tile0; t < tile1;) {
         const int64_t r0 = t * TILE_ROWS;
         const int valid = (int) (n_rows - r0 < TILE_ROWS ? n_rows - r0 : TILE_ROWS);
@@ -803,7 +806,7 @@ void tile_range(int64_t tile0, int64_t tile1, int64_t n_rows, int64_t n_cols, in
         // two whole tiles of the range side by side (the next pair is fetched ahead; interleaved tiles lie one
         // after the other, so it is the next 16 rows either way)
         if constexpr (Format::TILED && Format::PAIR_TILES) {
-            if (!rowwise && t + 1 < tile1 && r0 + 2 * TILE_ROWS <= n_rows && pairs_wanted<Format>(n_cols)) {
+            if (pairs && t + 1 < tile1 && r0 + 2 * TILE_ROWS <= n_rows) {
                 const Tile pair{(const char *) A + r0 * a_row_bytes, a_row_bytes,
                                 t + 2 < tile1 ? (const char *) A + (r0 + 2 * TILE_ROWS) * a_row_bytes : nullptr,
                                 2 * TILE_ROWS * a_row_bytes / n_blocks, interleaved};
