@@ -1,6 +1,6 @@
-"""Interleaved K-quant weights (gemm.h: dflash_cpu_interleave, patches/0014): Q4_K and Q5_K matrices whose rows are a
-multiple of 8 are kept, from load, with each block of each tile of 8 rows stored as its 4-byte words, so the kernels
-read a tile as one stream with no transposes. The layout must change nothing but speed: through the C entry points,
+"""Interleaved weights (gemm.h: dflash_cpu_interleave, patches/0014): Q4_K, Q5_K, Q4_0 and Q8_0 matrices whose rows
+are a multiple of 8 are kept, from load, with each block of each tile of 8 rows stored as its 4-byte words (Q8_0's
+quants as q + 128), so the kernels read a tile as one stream with no transposes. The layout must change nothing but speed: through the C entry points,
 on every instruction-set variant this CPU runs and with the rows split over threads, the product of the interleaved
 weights equals the product of the same weights in ggml's layout bit for bit at every batch width (which
 tests/test_cpu_kernels.py checks against float64, ggml's stock path and across widths). Models load through it in
@@ -18,6 +18,7 @@ from dflash_gguf.native.lib import libname
 from lab.matmul_probe import GGML_TYPES, MatmulProbe
 
 BATCHES = list(range(1, 17)) + [40]
+BLOCKS_OF_32 = ("q4_0", "q8_0")    # one fp16 scale and 32 quants a block; the others are K-quants (256)
 Q8_K_BYTES = 292                    # one block_q8_K: its activations' row bytes per 256 values
 _P, _I64, _SZ = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
 _NEXT_CHUNK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)     # gemm.h: dflash_cpu_next_chunk
@@ -57,9 +58,9 @@ def _product(gemm, weight_type: str, weights: np.ndarray, acts: np.ndarray, n_bl
 
 def _activations(native, cpu, weight_type: str, x: np.ndarray) -> np.ndarray:
     """x [n, k] as the weight type's vec_dot_type: Q8_K for the K-quants (our vector steps, ggml's bytes), Q8_0
-    (ggml's own quantization) for Q4_0"""
+    (ggml's own quantization) for Q4_0 and Q8_0"""
     n, k = x.shape
-    if weight_type == "q4_0":
+    if weight_type in BLOCKS_OF_32:
         probe = MatmulProbe(native, "q8_0", [(1, k)], [1])
         acts = probe.quantize(x)
         probe.close()
@@ -70,7 +71,7 @@ def _activations(native, cpu, weight_type: str, x: np.ndarray) -> np.ndarray:
     return acts
 
 
-@pytest.mark.parametrize("weight_type", ["q4_k", "q5_k", "q4_0"])
+@pytest.mark.parametrize("weight_type", ["q4_k", "q5_k", "q4_0", "q8_0"])
 def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu, weight_type):
     if kernels.isa == "none":
         pytest.skip("our CPU kernels do not run on this CPU")
@@ -87,15 +88,23 @@ def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu,
     assert not cpu.dflash_cpu_interleave_wanted(GGML_TYPES["q6_k"], n_rows)
     inter = np.empty_like(raw)
     cpu.dflash_cpu_interleave(kind, n_rows, raw.shape[1], raw.ctypes.data, inter.ctypes.data)
-    assert not np.array_equal(inter, raw) and np.array_equal(np.sort(inter, axis=None), np.sort(raw, axis=None))
-    n_blocks = k // (32 if weight_type == "q4_0" else 256)
+    n_blocks = k // (32 if weight_type in BLOCKS_OF_32 else 256)
     block = raw.shape[1] // n_blocks
+    flip = 0x80 if weight_type == "q8_0" else 0       # Q8_0's quants stored as q + 128
+    if flip:
+        quants = np.zeros(raw.shape[1], bool)
+        quants[(np.arange(raw.shape[1]) % block) >= 2] = True
+        moved = raw.copy()
+        moved[:, quants] ^= flip
+    else:
+        moved = raw
+    assert not np.array_equal(inter, raw) and np.array_equal(np.sort(inter, axis=None), np.sort(moved, axis=None))
     tile = inter[:8].reshape(-1)
-    if weight_type == "q4_0":
+    if weight_type in BLOCKS_OF_32:
         # the 8 rows' fp16 scales first, then word w of row r at 16 + 32 w + 4 r: the first tile's second block,
         # row 3's scale and its word 2 (bytes 8..11 of its quants)
         assert np.array_equal(tile[8 * block + 2 * 3:][:2], raw[3, block:block + 2])
-        assert np.array_equal(tile[8 * block + 16 + 32 * 2 + 4 * 3:][:4], raw[3, block + 2 + 8:block + 2 + 12])
+        assert np.array_equal(tile[8 * block + 16 + 32 * 2 + 4 * 3:][:4], raw[3, block + 2 + 8:block + 2 + 12] ^ flip)
     else:
         # word w of row r of a tile's block b at 32 w + 4 r: the first tile's second block, row 3, word 5
         assert np.array_equal(tile[8 * block + 32 * 5 + 4 * 3:][:4], raw[3, block + 20:block + 24])
@@ -104,7 +113,7 @@ def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu,
     acts = _activations(native, cpu, weight_type, x)
     chosen, by_isa = kernels.isa, {}
     try:
-        for isa, wide in kernels.variants(weight_type != "q4_0"):
+        for isa, wide in kernels.variants(weight_type not in BLOCKS_OF_32):
             assert kernels.set_isa(isa)
             kernels.set_wide_k_tiles(wide)
             for n in BATCHES:

@@ -181,7 +181,8 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
 }
 
 extern "C" bool dflash_cpu_interleave_wanted(enum ggml_type type, int64_t n_rows) {
-    return (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q4_0) && n_rows > 0 &&
+    return (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0) &&
+           n_rows > 0 &&
            n_rows % 8 == 0 && current_isa() != ISA_NONE;
 }
 
@@ -192,6 +193,8 @@ extern "C" void dflash_cpu_interleave(enum ggml_type type, int64_t n_rows, size_
     const size_t lead = block % 4 == 2 ? 2 : 0;
     GGML_ASSERT(n_rows % 8 == 0 && (block - lead) % 4 == 0 && row_bytes % block == 0);
     const size_t words = (block - lead) / 4;
+    // Q8_0's signed quants stored as q + 128, the unsigned bytes VNNI's dot steps take (q8_0_gemm.cpp)
+    const unsigned char flip = type == GGML_TYPE_Q8_0 ? 0x80 : 0x00;
     const int64_t n_blocks = (int64_t) (row_bytes / block);
     for (int64_t r0 = 0; r0 < n_rows; r0 += 8) {
         const char * rows = (const char *) src + r0 * row_bytes;
@@ -202,7 +205,9 @@ extern "C" void dflash_cpu_interleave(enum ggml_type type, int64_t n_rows, size_
                 const char * in = rows + r * row_bytes + b * block;
                 memcpy(out + lead * r, in, lead);
                 for (size_t w = 0; w < words; ++w) {
-                    memcpy(out + 8 * lead + 32 * w + 4 * r, in + lead + 4 * w, 4);
+                    for (size_t i = 0; i < 4; ++i) {
+                        out[8 * lead + 32 * w + 4 * r + i] = (char) (in[lead + 4 * w + i] ^ flip);
+                    }
                 }
             }
         }
@@ -222,6 +227,7 @@ extern "C" bool dflash_cpu_gemm_interleaved(enum ggml_type type, int64_t n_rows,
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_K, gemm_q4_k_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_K, gemm_q5_k_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_0, gemm_q4_0_interleaved)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q8_0, gemm_q8_0_interleaved)
         default:
             return false;
     }

@@ -3,13 +3,16 @@
 // w = d * q with q in -128..127, a = d_a * p with p in -127..127 (ggml's quantize_row_q8_0). Two ways
 // to the exact integer sums sum(q * p) of a block, one float step after them (block_fma), so every
 // way gives the same bits:
-// - transposed tile (VNNI, 2+ columns): unsigned x signed dot steps take q + 128 (0..255), and
+// - transposed tile: with VNNI, unsigned x signed dot steps take q + 128 (0..255), and
 //   sum(q * p) = sum((q + 128) * p) - 128 * sum(p), with 128 * sum(p) computed once per activation
-//   block. (q + 128) * p overflows the int16 pairs of AVX2's maddubs, hence VNNI only.
+//   block; without VNNI ((q + 128) * p overflows the int16 pairs of maddubs) maddubs(|q|, sign(p, q)),
+//   each group's pairs widened to int32 on their own (2 * 128 * 127 < 32768, two of them are not).
+//   Every width of Q8_0 weights interleaved at load (gemm.h), whose tiles need no transpose; in ggml's
+//   layout only 2+ columns with VNNI.
 // - row-wise (dot_rows): each weight row's 32 bytes against the column's 32, reduced to one sum per
-//   row. With VNNI for a single column, where the tile's transpose is not paid back (it measured
-//   1.09-1.27x ggml's vec_dot there); without VNNI for every width: maddubs(|q|, sign(p, q)) keeps
-//   the pairs within int16 (2 * 128 * 127 < 32768).
+//   row. In ggml's layout with VNNI for a single column, where the tile's transpose is not paid back
+//   (it measured 1.09-1.27x ggml's vec_dot there); without VNNI for every width, with the pairs of
+//   maddubs(|q|, sign(p, q)).
 
 #include "tile_gemm.h"
 
@@ -26,12 +29,11 @@ namespace {
 template <class Self, typename WeightBlock>
 struct Signed32 : Format32<Self, WeightBlock, block_q8_0, 255, false> {
     using Block = WeightBlock;
-#if DFLASH_CPU_GEMM_VNNI
     static constexpr bool TILED = true;
+#if DFLASH_CPU_GEMM_VNNI
     static constexpr int64_t ROWWISE_MAX = 1;
 #else
-    static constexpr bool TILED = false;
-    static constexpr int64_t ROWWISE_MAX = INT64_MAX;
+    static constexpr int64_t ROWWISE_MAX = INT64_MAX;   // in ggml's layout: the transpose costs more than it saves
 #endif
 
     static ColumnScale column_scale(const block_q8_0 & y) { return q8_0_column_scale(y, 128); }
@@ -64,17 +66,42 @@ struct Signed32 : Format32<Self, WeightBlock, block_q8_0, 255, false> {
 #endif
     }
 
+    // A transposed block's lanes as the dot steps take them: q + 128 with VNNI, q itself without (flip: the
+    // values are stored as q + 128)
+    static DFLASH_INLINE __m256i lane_values(__m256i v, bool flipped) {
 #if DFLASH_CPU_GEMM_VNNI
+        return flipped ? v : _mm256_xor_si256(v, _mm256_set1_epi8((char) 0x80));
+#else
+        return flipped ? _mm256_xor_si256(v, _mm256_set1_epi8((char) 0x80)) : v;
+#endif
+    }
+
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
         const Block * r[TILE_ROWS];
         t.rows(b, r);
         Self::transposed_values(r, out);
-        const __m256i flip = _mm256_set1_epi8((char) 0x80);   // q + 128 as unsigned bytes
         for (int k = 0; k < TILE_ROWS; ++k) {
-            out.q[k] = _mm256_xor_si256(out.q[k], flip);
+            out.q[k] = lane_values(out.q[k], false);
         }
         out.d = row_scales(r);
         out.m = _mm256_setzero_ps();
+    }
+
+#if !DFLASH_CPU_GEMM_VNNI
+    // One column's step on a transposed block of signed values: maddubs(|q|, sign(p, q)), each group's pairs
+    // widened on their own, then the float step every path takes (block_fma)
+    template <class V>
+    static DFLASH_INLINE typename V::F column(const PackedBlockT<V> & w, const int8_t * p, const ColumnScale * c,
+                                              typename V::F acc) {
+        static_assert(V::ROWS == 8, "AVX2 runs 8-row tiles");
+        const __m256i ones = _mm256_set1_epi16(1);
+        __m256i isum = _mm256_setzero_si256();
+        for (int k = 0; k < TILE_ROWS; ++k) {
+            const __m256i pk = _mm256_set1_epi32((int) load_u32(p + 4 * k));
+            const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w.q[k]), _mm256_sign_epi8(pk, w.q[k]));
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, ones));
+        }
+        return block_fma<Self, V>(isum, w.d, w.m, *c, acc);
     }
 #endif
 };
@@ -86,6 +113,20 @@ struct Q8_0 : Signed32<Q8_0, block_q8_0> {
     // an 8x8 transpose of 32-bit groups
     static DFLASH_INLINE void transposed_values(const block_q8_0 * (&r)[TILE_ROWS], PackedBlock & out) {
         load_transposed(r, offsetof(block_q8_0, qs), out.q);
+    }
+
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
+        if (!t.interleaved) {
+            Signed32::unpack(t, b, out);
+            return;
+        }
+        // the 8 rows' scales, then word k of the 8 rows, stored as q + 128 (dflash_cpu_interleave): lanes as loaded
+        const char * block = t.base + b * (int64_t) (TILE_ROWS * sizeof(block_q8_0));
+        out.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) block));
+        out.m = _mm256_setzero_ps();
+        for (int k = 0; k < TILE_ROWS; ++k) {
+            out.q[k] = lane_values(_mm256_loadu_si256((const __m256i *) (block + 2 * TILE_ROWS + 32 * k)), true);
+        }
     }
 };
 
