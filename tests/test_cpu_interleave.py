@@ -1,6 +1,7 @@
-"""Interleaved weights (gemm.h: dflash_cpu_interleave, patches/0014): Q4_K, Q5_K, Q4_0 and Q8_0 matrices whose rows
-are a multiple of 8 are kept, from load, with each block of each tile of 8 rows stored as its 4-byte words (Q8_0's
-quants as q + 128), so the kernels read a tile as one stream with no transposes. The layout must change nothing but speed: through the C entry points,
+"""Interleaved weights (gemm.h: dflash_cpu_interleave, patches/0014): Q4_K, Q5_K, Q4_0, Q5_0 and Q8_0 matrices whose
+rows are a multiple of 8 are kept, from load, with each block of each tile of 8 rows stored as its 4-byte words (Q8_0's
+quants as q + 128, Q5_0's fifth bits as masks of the unpacked lanes), so the kernels read a tile as one stream with no
+transposes. The layout must change nothing but speed: through the C entry points,
 on every instruction-set variant this CPU runs and with the rows split over threads, the product of the interleaved
 weights equals the product of the same weights in ggml's layout bit for bit at every batch width (which
 tests/test_cpu_kernels.py checks against float64, ggml's stock path and across widths). Models load through it in
@@ -18,7 +19,7 @@ from dflash_gguf.native.lib import libname
 from lab.matmul_probe import GGML_TYPES, MatmulProbe
 
 BATCHES = list(range(1, 17)) + [40]
-BLOCKS_OF_32 = ("q4_0", "q8_0")    # one fp16 scale and 32 quants a block; the others are K-quants (256)
+BLOCKS_OF_32 = ("q4_0", "q5_0", "q8_0")    # one fp16 scale and 32 quants a block; the others are K-quants (256)
 Q8_K_BYTES = 292                    # one block_q8_K: its activations' row bytes per 256 values
 _P, _I64, _SZ = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
 _NEXT_CHUNK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)     # gemm.h: dflash_cpu_next_chunk
@@ -58,7 +59,7 @@ def _product(gemm, weight_type: str, weights: np.ndarray, acts: np.ndarray, n_bl
 
 def _activations(native, cpu, weight_type: str, x: np.ndarray) -> np.ndarray:
     """x [n, k] as the weight type's vec_dot_type: Q8_K for the K-quants (our vector steps, ggml's bytes), Q8_0
-    (ggml's own quantization) for Q4_0 and Q8_0"""
+    (ggml's own quantization) for the others"""
     n, k = x.shape
     if weight_type in BLOCKS_OF_32:
         probe = MatmulProbe(native, "q8_0", [(1, k)], [1])
@@ -71,7 +72,7 @@ def _activations(native, cpu, weight_type: str, x: np.ndarray) -> np.ndarray:
     return acts
 
 
-@pytest.mark.parametrize("weight_type", ["q4_k", "q5_k", "q4_0", "q8_0"])
+@pytest.mark.parametrize("weight_type", ["q4_k", "q5_k", "q4_0", "q5_0", "q8_0"])
 def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu, weight_type):
     if kernels.isa == "none":
         pytest.skip("our CPU kernels do not run on this CPU")
@@ -98,16 +99,27 @@ def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu,
         moved[:, quants] ^= flip
     else:
         moved = raw
-    assert not np.array_equal(inter, raw) and np.array_equal(np.sort(inter, axis=None), np.sort(moved, axis=None))
+    assert not np.array_equal(inter, raw)
+    if weight_type != "q5_0":       # the same bytes in another order (Q5_0's fifth bits move bit by bit)
+        assert np.array_equal(np.sort(inter, axis=None), np.sort(moved, axis=None))
     tile = inter[:8].reshape(-1)
     if weight_type in BLOCKS_OF_32:
         # the 8 rows' fp16 scales first, then word w of row r at 16 + 32 w + 4 r: the first tile's second block,
-        # row 3's scale and its word 2 (bytes 8..11 of its quants)
+        # row 3's scale and its word 2 (bytes 8..11 of its quants; Q5_0's quants open with its 4 bytes of fifth bits)
         assert np.array_equal(tile[8 * block + 2 * 3:][:2], raw[3, block:block + 2])
-        assert np.array_equal(tile[8 * block + 16 + 32 * 2 + 4 * 3:][:4], raw[3, block + 2 + 8:block + 2 + 12] ^ flip)
+        w = 3 if weight_type == "q5_0" else 2
+        assert np.array_equal(tile[8 * block + 16 + 32 * w + 4 * 3:][:4], raw[3, block + 2 + 4 * w:block + 2 + 4 * w + 4] ^ flip)
     else:
         # word w of row r of a tile's block b at 32 w + 4 r: the first tile's second block, row 3, word 5
         assert np.array_equal(tile[8 * block + 32 * 5 + 4 * 3:][:4], raw[3, block + 20:block + 24])
+    if weight_type == "q5_0":
+        # mask k at 16 + 4 k: bit 4 r + i is bit 4 k + i of row r's fifth bits, for every block of the first tile
+        qh = np.stack([raw[:8, b * block + 2:b * block + 6].copy().view("<u4")[:, 0] for b in range(n_blocks)])
+        masks = np.stack([tile[b * 8 * block + 16:b * 8 * block + 48].copy().view("<u4") for b in range(n_blocks)])
+        r, i, kk = np.meshgrid(np.arange(8), np.arange(4), np.arange(8), indexing="ij")
+        want = (qh[:, r] >> (4 * kk + i)) & 1
+        got = (masks[:, kk] >> (4 * r + i)) & 1
+        assert np.array_equal(got, want)
 
     x = rng.standard_normal((max(BATCHES), k), dtype=np.float32)
     acts = _activations(native, cpu, weight_type, x)

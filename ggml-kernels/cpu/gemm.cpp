@@ -181,10 +181,28 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
 }
 
 extern "C" bool dflash_cpu_interleave_wanted(enum ggml_type type, int64_t n_rows) {
-    return (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0) &&
-           n_rows > 0 &&
-           n_rows % 8 == 0 && current_isa() != ISA_NONE;
+    return (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q5_0 ||
+            type == GGML_TYPE_Q8_0) &&
+           n_rows > 0 && n_rows % 8 == 0 && current_isa() != ISA_NONE;
 }
+
+namespace {
+
+// Q5_0's fifth bits of an interleaved tile's block, in the lanes its unpacked quants take (q4_0_gemm.cpp): mask k
+// holds, at bit 4 r + i, bit 4 k + i of row r's qh (the fifth bit of the value in byte i of row r's lane of q[k])
+void q5_0_lane_masks(const char * const (&qh)[8], char * out) {
+    for (int k = 0; k < 8; ++k) {
+        uint32_t mask = 0;
+        for (int r = 0; r < 8; ++r) {
+            uint32_t bits;
+            memcpy(&bits, qh[r], sizeof bits);
+            mask |= ((bits >> (4 * k)) & 0xF) << (4 * r);
+        }
+        memcpy(out + 4 * k, &mask, sizeof mask);
+    }
+}
+
+}  // namespace
 
 extern "C" void dflash_cpu_interleave(enum ggml_type type, int64_t n_rows, size_t row_bytes, const void * src,
                                       void * dst) {
@@ -201,14 +219,22 @@ extern "C" void dflash_cpu_interleave(enum ggml_type type, int64_t n_rows, size_
         char * tile = (char *) dst + r0 * row_bytes;
         for (int64_t b = 0; b < n_blocks; ++b) {
             char * out = tile + b * 8 * block;
+            const char * in_rows[8];
             for (int r = 0; r < 8; ++r) {
-                const char * in = rows + r * row_bytes + b * block;
+                const char * in = in_rows[r] = rows + r * row_bytes + b * block;
                 memcpy(out + lead * r, in, lead);
                 for (size_t w = 0; w < words; ++w) {
                     for (size_t i = 0; i < 4; ++i) {
                         out[8 * lead + 32 * w + 4 * r + i] = (char) (in[lead + 4 * w + i] ^ flip);
                     }
                 }
+            }
+            if (type == GGML_TYPE_Q5_0) {   // word 0, the 8 rows' qh, as the masks the unpacked lanes take
+                const char * qh[8];
+                for (int r = 0; r < 8; ++r) {
+                    qh[r] = in_rows[r] + lead;
+                }
+                q5_0_lane_masks(qh, out + 8 * lead);
             }
         }
     }
@@ -227,6 +253,7 @@ extern "C" bool dflash_cpu_gemm_interleaved(enum ggml_type type, int64_t n_rows,
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_K, gemm_q4_k_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_K, gemm_q5_k_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_0, gemm_q4_0_interleaved)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_0, gemm_q5_0_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q8_0, gemm_q8_0_interleaved)
         default:
             return false;

@@ -14,6 +14,32 @@ namespace DFLASH_CPU_VARIANT {
 
 namespace {
 
+// word k of an interleaved block's 8 rows (4 words of nibbles at `words`, 32 bytes each): the lanes of q[k] (low
+// nibbles) and q[k + 4] (high nibbles)
+DFLASH_INLINE void interleaved_nibbles(const char * words, PackedBlock & out) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+        const __m256i word = _mm256_loadu_si256((const __m256i *) (words + 32 * k));
+        out.q[k] = _mm256_and_si256(word, low4);
+        out.q[k + 4] = _mm256_and_si256(_mm256_srli_epi16(word, 4), low4);
+    }
+}
+
+// nibbles + 16 in byte j where bit j of `bits` is set (Q5_0's fifth bits)
+DFLASH_INLINE __m256i add_fifth_bits(__m256i nibbles, uint32_t bits) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm256_mask_add_epi8(nibbles, (__mmask32) bits, nibbles, _mm256_set1_epi8(0x10));
+#else
+    const __m256i qh = _mm256_set1_epi32((int) bits);
+    // byte j picks byte j / 8 of the bits, then tests its bit j % 8
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long) 0x8040201008040201ULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, spread), bit), bit);
+    return _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+#endif
+}
+
 template <class Self, typename WeightBlock, int QMAX, int OFFSET>
 struct Offset32 : Format32<Self, WeightBlock, block_q8_0, QMAX, false> {
     using Block = WeightBlock;
@@ -48,15 +74,10 @@ struct Q4_0 : Offset32<Q4_0, block_q4_0, 15, 8> {
 
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
         out.m = _mm256_setzero_ps();
-        if (t.interleaved) {     // the 8 rows' scales, then word k of the 8 rows: the lanes of q[k] and q[k + 4]
+        if (t.interleaved) {     // the 8 rows' scales, then their nibbles (interleaved_nibbles)
             const char * block = t.base + b * (int64_t) (TILE_ROWS * sizeof(block_q4_0));
             out.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) block));
-            const __m256i low4 = _mm256_set1_epi8(0x0F);
-            for (int k = 0; k < 4; ++k) {
-                const __m256i word = _mm256_loadu_si256((const __m256i *) (block + 2 * TILE_ROWS + 32 * k));
-                out.q[k] = _mm256_and_si256(word, low4);
-                out.q[k + 4] = _mm256_and_si256(_mm256_srli_epi16(word, 4), low4);
-            }
+            interleaved_nibbles(block + 2 * TILE_ROWS, out);
             return;
         }
         const block_q4_0 * r[TILE_ROWS];
@@ -69,22 +90,21 @@ struct Q4_0 : Offset32<Q4_0, block_q4_0, 15, 8> {
 struct Q5_0 : Offset32<Q5_0, block_q5_0, 31, 16> {
     // value k takes bit k of qh as its fifth bit (0x10)
     static DFLASH_INLINE __m256i row_quants(const block_q5_0 & x) {
-        const __m256i nibbles = nibbles_in_order(x.qs);
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
-        // qh is the byte mask itself: 16 added where its bit is set
-        return _mm256_mask_add_epi8(nibbles, (__mmask32) load_u32(x.qh), nibbles, _mm256_set1_epi8(0x10));
-#else
-        const __m256i qh = _mm256_set1_epi32((int) load_u32(x.qh));
-        // byte k of the 32 picks byte k / 8 of qh, then tests its bit k % 8
-        const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-        const __m256i bit = _mm256_set1_epi64x((long long) 0x8040201008040201ULL);
-        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, spread), bit), bit);
-        return _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-#endif
+        return add_fifth_bits(nibbles_in_order(x.qs), load_u32(x.qh));
     }
 
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
+        if (t.interleaved) {     // the 8 rows' scales, the masks of q[0..8)'s fifth bits (gemm.h), then the nibbles
+            const char * block = t.base + b * (int64_t) (TILE_ROWS * sizeof(block_q5_0));
+            const char * masks = block + 2 * TILE_ROWS;
+            out.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) block));
+            out.m = _mm256_setzero_ps();
+            interleaved_nibbles(masks + 4 * TILE_ROWS, out);
+            for (int k = 0; k < 8; ++k) {
+                out.q[k] = add_fifth_bits(out.q[k], load_u32(masks + 4 * k));
+            }
+            return;
+        }
         const block_q5_0 * r[TILE_ROWS];
         t.rows(b, r);
         unpack_nibbles32(r, offsetof(block_q5_0, qs), out);
