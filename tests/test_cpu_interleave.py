@@ -19,7 +19,8 @@ from dflash_gguf.native.lib import libname
 from lab.matmul_probe import GGML_TYPES, MatmulProbe
 
 BATCHES = list(range(1, 17)) + [40]
-BLOCKS_OF_32 = ("q4_0", "q5_0", "q8_0")    # one fp16 scale and 32 quants a block; the others are K-quants (256)
+BLOCKS_OF_32 = ("q4_0", "q4_1", "q5_0", "q8_0")    # blocks of 32 weights; the others are K-quants (256)
+SCALE_FIRST = ("q4_0", "q5_0", "q8_0")    # one fp16 scale, then whole words: the 8 rows' scales lead the block
 Q8_K_BYTES = 292                    # one block_q8_K: its activations' row bytes per 256 values
 _P, _I64, _SZ = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
 _NEXT_CHUNK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)     # gemm.h: dflash_cpu_next_chunk
@@ -57,10 +58,24 @@ def _product(gemm, weight_type: str, weights: np.ndarray, acts: np.ndarray, n_bl
     return out
 
 
+def _q8_1(x: np.ndarray) -> np.ndarray:
+    """x [n, k] as Q8_1 blocks (d, s = d * sum(q), 32 quants): bytes both layouts' kernels read alike"""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    d = np.abs(blocks).max(axis=2) / 127
+    q = np.round(blocks / np.where(d == 0, 1, d)[..., None]).astype(np.int8)
+    out = np.empty(blocks.shape[:2] + (36,), np.uint8)
+    out[..., 0:2] = d.astype(np.float16)[..., None].view(np.uint8)
+    out[..., 2:4] = (d * q.sum(axis=2)).astype(np.float16)[..., None].view(np.uint8)
+    out[..., 4:] = q.view(np.uint8)
+    return out.reshape(x.shape[0], -1)
+
+
 def _activations(native, cpu, weight_type: str, x: np.ndarray) -> np.ndarray:
-    """x [n, k] as the weight type's vec_dot_type: Q8_K for the K-quants (our vector steps, ggml's bytes), Q8_0
-    (ggml's own quantization) for the others"""
+    """x [n, k] as the weight type's vec_dot_type: Q8_K for the K-quants (our vector steps, ggml's bytes), Q8_1
+    for Q4_1, Q8_0 (ggml's own quantization) for the others"""
     n, k = x.shape
+    if weight_type == "q4_1":
+        return _q8_1(x)
     if weight_type in BLOCKS_OF_32:
         probe = MatmulProbe(native, "q8_0", [(1, k)], [1])
         acts = probe.quantize(x)
@@ -72,7 +87,7 @@ def _activations(native, cpu, weight_type: str, x: np.ndarray) -> np.ndarray:
     return acts
 
 
-@pytest.mark.parametrize("weight_type", ["q4_k", "q5_k", "q4_0", "q5_0", "q8_0"])
+@pytest.mark.parametrize("weight_type", ["q4_k", "q5_k", "q4_0", "q4_1", "q5_0", "q8_0"])
 def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu, weight_type):
     if kernels.isa == "none":
         pytest.skip("our CPU kernels do not run on this CPU")
@@ -103,15 +118,17 @@ def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu,
     if weight_type != "q5_0":       # the same bytes in another order (Q5_0's fifth bits move bit by bit)
         assert np.array_equal(np.sort(inter, axis=None), np.sort(moved, axis=None))
     tile = inter[:8].reshape(-1)
-    if weight_type in BLOCKS_OF_32:
+    if weight_type in SCALE_FIRST:
         # the 8 rows' fp16 scales first, then word w of row r at 16 + 32 w + 4 r: the first tile's second block,
         # row 3's scale and its word 2 (bytes 8..11 of its quants; Q5_0's quants open with its 4 bytes of fifth bits)
         assert np.array_equal(tile[8 * block + 2 * 3:][:2], raw[3, block:block + 2])
         w = 3 if weight_type == "q5_0" else 2
-        assert np.array_equal(tile[8 * block + 16 + 32 * w + 4 * 3:][:4], raw[3, block + 2 + 4 * w:block + 2 + 4 * w + 4] ^ flip)
+        want = raw[3, block + 2 + 4 * w:block + 2 + 4 * w + 4] ^ flip
+        assert np.array_equal(tile[8 * block + 16 + 32 * w + 4 * 3:][:4], want)
     else:
-        # word w of row r of a tile's block b at 32 w + 4 r: the first tile's second block, row 3, word 5
-        assert np.array_equal(tile[8 * block + 32 * 5 + 4 * 3:][:4], raw[3, block + 20:block + 24])
+        # word w of row r of a tile's block b at 32 w + 4 r: the first tile's second block, row 3, word 4 (Q4_1's
+        # last: bytes 12..15 of its quants, after d and m)
+        assert np.array_equal(tile[8 * block + 32 * 4 + 4 * 3:][:4], raw[3, block + 16:block + 20])
     if weight_type == "q5_0":
         # mask k at 16 + 4 k: bit 4 r + i is bit 4 k + i of row r's fifth bits, for every block of the first tile
         qh = np.stack([raw[:8, b * block + 2:b * block + 6].copy().view("<u4")[:, 0] for b in range(n_blocks)])

@@ -181,8 +181,8 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
 }
 
 extern "C" bool dflash_cpu_interleave_wanted(enum ggml_type type, int64_t n_rows) {
-    return (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q5_0 ||
-            type == GGML_TYPE_Q8_0) &&
+    return (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1 ||
+            type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q8_0) &&
            n_rows > 0 && n_rows % 8 == 0 && current_isa() != ISA_NONE;
 }
 
@@ -253,6 +253,7 @@ extern "C" bool dflash_cpu_gemm_interleaved(enum ggml_type type, int64_t n_rows,
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_K, gemm_q4_k_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_K, gemm_q5_k_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_0, gemm_q4_0_interleaved)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_1, gemm_q4_1_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_0, gemm_q5_0_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q8_0, gemm_q8_0_interleaved)
         default:

@@ -14,17 +14,6 @@ namespace DFLASH_CPU_VARIANT {
 
 namespace {
 
-// word k of an interleaved block's 8 rows (4 words of nibbles at `words`, 32 bytes each): the lanes of q[k] (low
-// nibbles) and q[k + 4] (high nibbles)
-DFLASH_INLINE void interleaved_nibbles(const char * words, PackedBlock & out) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    for (int k = 0; k < 4; ++k) {
-        const __m256i word = _mm256_loadu_si256((const __m256i *) (words + 32 * k));
-        out.q[k] = _mm256_and_si256(word, low4);
-        out.q[k + 4] = _mm256_and_si256(_mm256_srli_epi16(word, 4), low4);
-    }
-}
-
 // nibbles + 16 in byte j where bit j of `bits` is set (Q5_0's fifth bits)
 DFLASH_INLINE __m256i add_fifth_bits(__m256i nibbles, uint32_t bits) {
 #if defined(__AVX512BW__) && defined(__AVX512VL__)

@@ -382,6 +382,25 @@ struct Tile {
     DFLASH_INLINE Tile second_half() const { return Tile{base + TILE_ROWS * stride, stride, nullptr, 0, interleaved}; }
 };
 
+// An interleaved tile's 8 fp16 in the low (high: the high) halves of the 32-bit lanes of w, as floats, lane r = row r
+DFLASH_INLINE __m256 f16_half_lanes(__m256i w, bool high) {
+    const __m256i h = high ? _mm256_srli_epi32(w, 16) : _mm256_and_si256(w, _mm256_set1_epi32(0xFFFF));
+    const __m256i packed = _mm256_permutevar8x32_epi32(_mm256_packus_epi32(h, h), _mm256_setr_epi32(0, 1, 4, 5, 0, 1, 4, 5));
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
+}
+
+// Word k of an interleaved block's 8 rows of nibble-packed weights (Q4_0, Q4_1, Q5_0: 4 words at `words`, 32 bytes
+// each, byte i of a word holding value 4 k + i in its low nibble and 16 + 4 k + i in its high one): the lanes of
+// q[k] (low nibbles) and q[k + 4] (high nibbles)
+DFLASH_INLINE void interleaved_nibbles(const char * words, PackedBlock & out) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+        const __m256i word = _mm256_loadu_si256((const __m256i *) (words + 32 * k));
+        out.q[k] = _mm256_and_si256(word, low4);
+        out.q[k + 4] = _mm256_and_si256(_mm256_srli_epi16(word, 4), low4);
+    }
+}
+
 // Block b of each of a tile's 8 rows (Tile::rows), and what the K-quants' unpacking reads from them: lane r = row r
 // An interleaved tile stores block b of its rows as words: 4-byte word w of row r at 32 * w + 4 * r, so a
 // word's 8 rows are one vector already, lane r = row r (offsets of multiples of 4 only).
@@ -417,11 +436,7 @@ struct TileRows {
         if (words == nullptr) {
             return load_lanes_f16(r, offset);
         }
-        // the fp16 in the low or high half of its word, packed to 8 halves in row order
-        const __m256i w = word_lanes(offset & ~(size_t) 3);
-        const __m256i h = offset % 4 == 0 ? _mm256_and_si256(w, _mm256_set1_epi32(0xFFFF)) : _mm256_srli_epi32(w, 16);
-        const __m256i packed = _mm256_permutevar8x32_epi32(_mm256_packus_epi32(h, h), _mm256_setr_epi32(0, 1, 4, 5, 0, 1, 4, 5));
-        return _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
+        return f16_half_lanes(word_lanes(offset & ~(size_t) 3), offset % 4 != 0);
     }
 
   private:
