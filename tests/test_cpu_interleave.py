@@ -1,5 +1,5 @@
-"""Interleaved weights (gemm.h: dflash_cpu_interleave, patches/0014): Q4_K, Q5_K, Q4_0, Q5_0 and Q8_0 matrices whose
-rows are a multiple of 8 are kept, from load, with each block of each tile of 8 rows stored as its 4-byte words (Q8_0's
+"""Interleaved weights (gemm.h: dflash_cpu_interleave, patches/0014): Q4_K, Q5_K, Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL
+matrices whose rows are a multiple of 8 are kept, from load, with each block of each tile of 8 rows stored as its 4-byte words (Q8_0's
 quants as q + 128, Q5_0's fifth bits as masks of the unpacked lanes), so the kernels read a tile as one stream with no
 transposes. The layout must change nothing but speed: through the C entry points,
 on every instruction-set variant this CPU runs and with the rows split over threads, the product of the interleaved
@@ -19,8 +19,8 @@ from dflash_gguf.native.lib import libname
 from lab.matmul_probe import GGML_TYPES, MatmulProbe
 
 BATCHES = list(range(1, 17)) + [40]
-BLOCKS_OF_32 = ("q4_0", "q4_1", "q5_0", "q8_0")    # blocks of 32 weights; the others are K-quants (256)
-SCALE_FIRST = ("q4_0", "q5_0", "q8_0")    # one fp16 scale, then whole words: the 8 rows' scales lead the block
+BLOCKS_OF_32 = ("q4_0", "q4_1", "q5_0", "q8_0", "iq4_nl")    # blocks of 32 weights; the others are K-quants (256)
+SCALE_FIRST = ("q4_0", "q5_0", "q8_0", "iq4_nl")    # one fp16 scale, then whole words: the 8 rows' scales lead
 Q8_K_BYTES = 292                    # one block_q8_K: its activations' row bytes per 256 values
 _P, _I64, _SZ = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
 _NEXT_CHUNK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)     # gemm.h: dflash_cpu_next_chunk
@@ -87,7 +87,7 @@ def _activations(native, cpu, weight_type: str, x: np.ndarray) -> np.ndarray:
     return acts
 
 
-@pytest.mark.parametrize("weight_type", ["q4_k", "q5_k", "q4_0", "q4_1", "q5_0", "q8_0"])
+@pytest.mark.parametrize("weight_type", ["q4_k", "q5_k", "q4_0", "q4_1", "q5_0", "q8_0", "iq4_nl"])
 def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu, weight_type):
     if kernels.isa == "none":
         pytest.skip("our CPU kernels do not run on this CPU")

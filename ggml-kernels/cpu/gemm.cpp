@@ -182,7 +182,7 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
 
 extern "C" bool dflash_cpu_interleave_wanted(enum ggml_type type, int64_t n_rows) {
     return (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1 ||
-            type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q8_0) &&
+            type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_IQ4_NL) &&
            n_rows > 0 && n_rows % 8 == 0 && current_isa() != ISA_NONE;
 }
 
@@ -256,6 +256,7 @@ extern "C" bool dflash_cpu_gemm_interleaved(enum ggml_type type, int64_t n_rows,
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_1, gemm_q4_1_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_0, gemm_q5_0_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q8_0, gemm_q8_0_interleaved)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ4_NL, gemm_iq4_nl_interleaved)
         default:
             return false;
     }

@@ -149,6 +149,21 @@ struct IQ4_NL : Signed32<IQ4_NL, block_iq4_nl> {
             out.q[k] = lookup(out.q[k]);
         }
     }
+
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
+        if (!t.interleaved) {
+            Signed32::unpack(t, b, out);
+            return;
+        }
+        // Q4_0's interleaved layout (the 8 rows' scales, then their nibbles), each nibble looked up
+        const char * block = t.base + b * (int64_t) (TILE_ROWS * sizeof(block_iq4_nl));
+        out.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) block));
+        out.m = _mm256_setzero_ps();
+        interleaved_nibbles(block + 2 * TILE_ROWS, out);
+        for (int k = 0; k < TILE_ROWS; ++k) {
+            out.q[k] = lane_values(lookup(out.q[k]), false);
+        }
+    }
 };
 
 }  // namespace
