@@ -1,11 +1,12 @@
 """Interleaved weights (gemm.h: dflash_cpu_interleave, patches/0014): Q4_K, Q5_K, Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL
-matrices whose rows are a multiple of 8 are kept, from load, with each block of each tile of 8 rows stored as its 4-byte words (Q8_0's
-quants as q + 128, Q5_0's fifth bits as masks of the unpacked lanes), so the kernels read a tile as one stream with no
-transposes. The layout must change nothing but speed: through the C entry points,
-on every instruction-set variant this CPU runs and with the rows split over threads, the product of the interleaved
-weights equals the product of the same weights in ggml's layout bit for bit at every batch width (which
+matrices whose rows are a multiple of 8 are kept, from load, with each block of each tile of 8 rows stored as its
+4-byte words (Q8_0's quants as q + 128, Q5_0's fifth bits as masks of the unpacked lanes), so the kernels read a tile
+as one stream with no transposes. The layout must change nothing but speed: through the C entry points, on every
+instruction-set variant this CPU runs and with the rows split over threads, the product of the interleaved weights
+equals the product of the same weights in ggml's layout bit for bit at every batch width (which
 tests/test_cpu_kernels.py checks against float64, ggml's stock path and across widths). Models load through it in
-every engine test (tests/test_engine.py, tests/test_exactness.py: SmolLM2 Q4_K_M's matrices are all interleaved)."""
+every engine test (tests/test_engine.py, tests/test_exactness.py: SmolLM2 Q4_K_M's Q4_K, Q5_0 and Q8_0 matrices are
+interleaved, its Q6_K ones and its token embedding are not)."""
 
 from __future__ import annotations
 

@@ -63,10 +63,8 @@ struct Q4_0 : Offset32<Q4_0, block_q4_0, 15, 8> {
 
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
         out.m = _mm256_setzero_ps();
-        if (t.interleaved) {     // the 8 rows' scales, then their nibbles (interleaved_nibbles)
-            const char * block = t.base + b * (int64_t) (TILE_ROWS * sizeof(block_q4_0));
-            out.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) block));
-            interleaved_nibbles(block + 2 * TILE_ROWS, out);
+        if (t.interleaved) {     // the 8 rows' scales, then their nibbles
+            interleaved_nibbles(scales_first_block<block_q4_0>(t, b, out), out);
             return;
         }
         const block_q4_0 * r[TILE_ROWS];
@@ -84,10 +82,7 @@ struct Q5_0 : Offset32<Q5_0, block_q5_0, 31, 16> {
 
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
         if (t.interleaved) {     // the 8 rows' scales, the masks of q[0..8)'s fifth bits (gemm.h), then the nibbles
-            const char * block = t.base + b * (int64_t) (TILE_ROWS * sizeof(block_q5_0));
-            const char * masks = block + 2 * TILE_ROWS;
-            out.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) block));
-            out.m = _mm256_setzero_ps();
+            const char * masks = scales_first_block<block_q5_0>(t, b, out);
             interleaved_nibbles(masks + 4 * TILE_ROWS, out);
             for (int k = 0; k < 8; ++k) {
                 out.q[k] = add_fifth_bits(out.q[k], load_u32(masks + 4 * k));

@@ -121,11 +121,9 @@ struct Q8_0 : Signed32<Q8_0, block_q8_0> {
             return;
         }
         // the 8 rows' scales, then word k of the 8 rows, stored as q + 128 (dflash_cpu_interleave): lanes as loaded
-        const char * block = t.base + b * (int64_t) (TILE_ROWS * sizeof(block_q8_0));
-        out.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) block));
-        out.m = _mm256_setzero_ps();
+        const char * words = scales_first_block<block_q8_0>(t, b, out);
         for (int k = 0; k < TILE_ROWS; ++k) {
-            out.q[k] = lane_values(_mm256_loadu_si256((const __m256i *) (block + 2 * TILE_ROWS + 32 * k)), true);
+            out.q[k] = lane_values(_mm256_loadu_si256((const __m256i *) (words + 32 * k)), true);
         }
     }
 };
@@ -156,10 +154,7 @@ struct IQ4_NL : Signed32<IQ4_NL, block_iq4_nl> {
             return;
         }
         // Q4_0's interleaved layout (the 8 rows' scales, then their nibbles), each nibble looked up
-        const char * block = t.base + b * (int64_t) (TILE_ROWS * sizeof(block_iq4_nl));
-        out.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) block));
-        out.m = _mm256_setzero_ps();
-        interleaved_nibbles(block + 2 * TILE_ROWS, out);
+        interleaved_nibbles(scales_first_block<block_iq4_nl>(t, b, out), out);
         for (int k = 0; k < TILE_ROWS; ++k) {
             out.q[k] = lane_values(lookup(out.q[k]), false);
         }

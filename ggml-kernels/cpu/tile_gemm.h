@@ -385,7 +385,8 @@ struct Tile {
 // An interleaved tile's 8 fp16 in the low (high: the high) halves of the 32-bit lanes of w, as floats, lane r = row r
 DFLASH_INLINE __m256 f16_half_lanes(__m256i w, bool high) {
     const __m256i h = high ? _mm256_srli_epi32(w, 16) : _mm256_and_si256(w, _mm256_set1_epi32(0xFFFF));
-    const __m256i packed = _mm256_permutevar8x32_epi32(_mm256_packus_epi32(h, h), _mm256_setr_epi32(0, 1, 4, 5, 0, 1, 4, 5));
+    const __m256i packed =
+        _mm256_permutevar8x32_epi32(_mm256_packus_epi32(h, h), _mm256_setr_epi32(0, 1, 4, 5, 0, 1, 4, 5));
     return _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
 }
 
@@ -399,6 +400,16 @@ DFLASH_INLINE void interleaved_nibbles(const char * words, PackedBlock & out) {
         out.q[k] = _mm256_and_si256(word, low4);
         out.q[k + 4] = _mm256_and_si256(_mm256_srli_epi16(word, 4), low4);
     }
+}
+
+// Block b of an interleaved tile whose blocks open with one fp16 scale (Q4_0, Q5_0, Q8_0, IQ4_NL; gemm.h): the 8
+// rows' scales into out.d (out.m zero); returns the block's words, which follow the scales
+template <typename Block>
+DFLASH_INLINE const char * scales_first_block(const Tile & t, int64_t b, PackedBlock & out) {
+    const char * block = t.base + b * (int64_t) (TILE_ROWS * sizeof(Block));
+    out.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) block));
+    out.m = _mm256_setzero_ps();
+    return block + 2 * TILE_ROWS;
 }
 
 // Block b of each of a tile's 8 rows (Tile::rows), and what the K-quants' unpacking reads from them: lane r = row r
