@@ -24,7 +24,7 @@ struct Q4_1 : Format32<Q4_1, block_q4_1, block_q8_1, 15, true> {
     // Block b of a tile, transposed into lanes (see PackedBlock).
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
         if (t.interleaved) {     // word 0 of the 8 rows (d, then m), then their nibbles (interleaved_nibbles)
-            const char * block = t.base + b * (int64_t) (TILE_ROWS * sizeof(block_q4_1));
+            const char * block = t.interleaved_block<block_q4_1>(b);
             const __m256i dm = _mm256_loadu_si256((const __m256i *) block);
             out.d = f16_half_lanes(dm, false);
             out.m = f16_half_lanes(dm, true);

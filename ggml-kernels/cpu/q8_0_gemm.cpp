@@ -76,7 +76,13 @@ struct Signed32 : Format32<Self, WeightBlock, block_q8_0, 255, false> {
 #endif
     }
 
+    // Block b of a tile in lanes: an interleaved tile's by Self::interleaved_values, a tile in ggml's layout
+    // transposed by Self::transposed_values
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
+        if (t.interleaved) {
+            Self::interleaved_values(t, b, out);
+            return;
+        }
         const Block * r[TILE_ROWS];
         t.rows(b, r);
         Self::transposed_values(r, out);
@@ -115,12 +121,8 @@ struct Q8_0 : Signed32<Q8_0, block_q8_0> {
         load_transposed(r, offsetof(block_q8_0, qs), out.q);
     }
 
-    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
-        if (!t.interleaved) {
-            Signed32::unpack(t, b, out);
-            return;
-        }
-        // the 8 rows' scales, then word k of the 8 rows, stored as q + 128 (dflash_cpu_interleave): lanes as loaded
+    // the 8 rows' scales, then word k of the 8 rows, stored as q + 128 (dflash_cpu_interleave): lanes as loaded
+    static DFLASH_INLINE void interleaved_values(const Tile & t, int64_t b, PackedBlock & out) {
         const char * words = scales_first_block<block_q8_0>(t, b, out);
         for (int k = 0; k < TILE_ROWS; ++k) {
             out.q[k] = lane_values(_mm256_loadu_si256((const __m256i *) (words + 32 * k)), true);
@@ -148,12 +150,8 @@ struct IQ4_NL : Signed32<IQ4_NL, block_iq4_nl> {
         }
     }
 
-    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
-        if (!t.interleaved) {
-            Signed32::unpack(t, b, out);
-            return;
-        }
-        // Q4_0's interleaved layout (the 8 rows' scales, then their nibbles), each nibble looked up
+    // Q4_0's interleaved layout (the 8 rows' scales, then their nibbles), each nibble looked up
+    static DFLASH_INLINE void interleaved_values(const Tile & t, int64_t b, PackedBlock & out) {
         interleaved_nibbles(scales_first_block<block_iq4_nl>(t, b, out), out);
         for (int k = 0; k < TILE_ROWS; ++k) {
             out.q[k] = lane_values(lookup(out.q[k]), false);

@@ -378,6 +378,12 @@ struct Tile {
         }
     }
 
+    // block b of an interleaved tile: the 8 rows' blocks, one after the other in the layout gemm.h describes
+    template <typename Block>
+    DFLASH_INLINE const char * interleaved_block(int64_t b) const {
+        return base + b * (int64_t) (TILE_ROWS * sizeof(Block));
+    }
+
     // rows 8..15 of a 16-row tile (V16), as a tile of their own that fetches nothing ahead
     DFLASH_INLINE Tile second_half() const { return Tile{base + TILE_ROWS * stride, stride, nullptr, 0, interleaved}; }
 };
@@ -406,7 +412,7 @@ DFLASH_INLINE void interleaved_nibbles(const char * words, PackedBlock & out) {
 // rows' scales into out.d (out.m zero); returns the block's words, which follow the scales
 template <typename Block>
 DFLASH_INLINE const char * scales_first_block(const Tile & t, int64_t b, PackedBlock & out) {
-    const char * block = t.base + b * (int64_t) (TILE_ROWS * sizeof(Block));
+    const char * block = t.interleaved_block<Block>(b);
     out.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) block));
     out.m = _mm256_setzero_ps();
     return block + 2 * TILE_ROWS;
@@ -423,7 +429,7 @@ struct TileRows {
     DFLASH_INLINE TileRows(const Tile & t, int64_t b) {
         if constexpr (sizeof(Row) % 4 == 0) {   // formats of whole words only (dflash_cpu_interleave_wanted)
             if (t.interleaved) {
-                words = t.base + b * (int64_t) (TILE_ROWS * sizeof(Row));
+                words = t.interleaved_block<Row>(b);
                 return;
             }
         }
