@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -70,6 +71,7 @@ class Model:
         empty: every GPU device of the build."""
         self.native: NativeLibrary = load()
         L = self.native.llama_cpp
+        self._contexts: weakref.WeakSet[Context] = weakref.WeakSet()   # freed before the model (close)
         self.path = Path(path)
         self.n_gpu_layers, self.devices = n_gpu_layers, tuple(devices)
         if not self.path.is_file():
@@ -178,7 +180,12 @@ class Model:
         return self.meta("tokenizer.chat_template")
 
     def close(self) -> None:
+        """Free the model, and first every context still open on it: llama.cpp's contexts use their model's
+        tensors until they are freed, so a context left to the garbage collector after its model would free
+        into released memory."""
         if getattr(self, "ptr", None):
+            for ctx in list(getattr(self, "_contexts", ())):
+                ctx.close()
             self.native.llama_cpp.llama_model_free(self.ptr)
             self.ptr = None
 
@@ -227,12 +234,16 @@ class Context:
         if other is not None:
             p.ctx_other = other.ptr
         self._other = other            # keeps the linked context alive
+        self._linked: weakref.WeakSet[Context] = weakref.WeakSet()   # contexts reading this one's memory
         self.ptr = L.llama_init_from_model(model.ptr, p)
         if not self.ptr:
             kv = [f"{flag} {t}" for flag, t in (("-ctk", s.type_k), ("-ctv", s.type_v)) if t and t != "f16"]
             hint = f", or choose other KV cache types than {' '.join(kv)} (llama.cpp's log says why)" if kv else ""
             raise ModelLoadError(f"{model.path}: could not create a llama context (n_ctx={s.n_ctx}); "
                                  f"lower -c/--ctx-size or free memory{hint}")
+        model._contexts.add(self)
+        if other is not None:
+            other._linked.add(self)
         self.settings = s
         self.memory = L.llama_get_memory(self.ptr)
         self.n_ctx = L.llama_n_ctx(self.ptr)
@@ -243,6 +254,8 @@ class Context:
 
     # decode ----------------------------------------------------------------------------------
     def decode(self, batch: "Batch", what: str = "decode") -> None:
+        if not self.ptr:
+            raise DecodeError(-1, f"{self.model.path.name}: {what} on a closed context (its model was closed)")
         rc = self.native.llama_cpp.llama_decode(self.ptr, batch.raw)
         if rc != 0:
             raise _decode_error(rc, f"{self.model.path.name}: {what} of {batch.n_tokens} rows")
@@ -367,7 +380,10 @@ class Context:
             raise RuntimeError(f"{self.model.path.name}: restoring the sequence state failed")
 
     def close(self) -> None:
+        """Free the context, and first the contexts linked to it (a drafter's reads this one's memory)."""
         if getattr(self, "ptr", None):
+            for ctx in list(getattr(self, "_linked", ())):
+                ctx.close()
             self.native.llama_cpp.llama_free(self.ptr)
             self.ptr = None
 
