@@ -184,7 +184,7 @@ class Model:
         tensors until they are freed, so a context left to the garbage collector after its model would free
         into released memory."""
         if getattr(self, "ptr", None):
-            for ctx in list(getattr(self, "_contexts", ())):
+            for ctx in list(self._contexts):   # set before ptr, so present here
                 ctx.close()
             self.native.llama_cpp.llama_model_free(self.ptr)
             self.ptr = None
@@ -255,7 +255,8 @@ class Context:
     # decode ----------------------------------------------------------------------------------
     def decode(self, batch: "Batch", what: str = "decode") -> None:
         if not self.ptr:
-            raise DecodeError(-1, f"{self.model.path.name}: {what} on a closed context (its model was closed)")
+            raise DecodeError(-1, f"{self.model.path.name}: {what} on a closed context (closed itself, with its "
+                                   "model or with the context it reads); open a new one")
         rc = self.native.llama_cpp.llama_decode(self.ptr, batch.raw)
         if rc != 0:
             raise _decode_error(rc, f"{self.model.path.name}: {what} of {batch.n_tokens} rows")
@@ -382,7 +383,7 @@ class Context:
     def close(self) -> None:
         """Free the context, and first the contexts linked to it (a drafter's reads this one's memory)."""
         if getattr(self, "ptr", None):
-            for ctx in list(getattr(self, "_linked", ())):
+            for ctx in list(self._linked):     # set before ptr, so present here
                 ctx.close()
             self.native.llama_cpp.llama_free(self.ptr)
             self.ptr = None
