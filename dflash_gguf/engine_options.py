@@ -39,6 +39,9 @@ ENGINE_OPTIONS = (
     EngineOption("no_adaptive", ("--no-adaptive",), bool, "always verify --draft-max tokens"),
     EngineOption("draft_confidence", ("--draft-confidence",), bool,
                  "with a DSpark confidence head: verify only the drafted slots it rates worth their rows"),
+    EngineOption("draft_trim", ("--draft-trim",), bool,
+                 "DFlash: verify only the drafted slots the drafter's own probabilities, calibrated as it runs, "
+                 "rate worth their rows"),
     EngineOption("draft_ctx", ("--draft-ctx",), int, "drafter KV size (default: --ctx-size)"),
     EngineOption("n_cpu_moe", ("--n-cpu-moe",), int, "keep the MoE experts of the first N layers on CPU"),
     EngineOption("cpu_moe", ("--cpu-moe",), bool, "keep all MoE experts on CPU"),
@@ -69,6 +72,7 @@ def settings_overrides(values: dict[str, Any]) -> dict[str, Any]:
     out["cpu_moe"] = values["cpu_moe"] or None
     out["adaptive"] = False if values["no_adaptive"] else None
     out["draft_confidence"] = values["draft_confidence"] or None
+    out["draft_trim"] = values["draft_trim"] or None
     out["override_tensor"] = tuple(values["override_tensor"]) or None
     out["tensor_split"] = parse_tensor_split(values["tensor_split"])
     out["devices"] = parse_devices(values["devices"])

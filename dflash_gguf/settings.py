@@ -36,6 +36,8 @@ class EngineSettings:
     adaptive: bool = True
     draft_confidence: bool = False       # verify only the drafted slots a confidence head rates worth it (DSpark;
                                          # off: no measured gain on SmolLM2/CPU, docs/dflash-family.md)
+    draft_trim: bool = False             # DFlash: verify only the drafted slots its own probabilities, calibrated
+                                         # online, rate worth their rows (off: no measured gain, docs/draft-trim.md)
     draft_ctx: int | None = None         # drafter KV window; None: the target's n_ctx
     draft_n_gpu_layers: int | None = None
     t_mode: str = "rejection"            # T>0 verification: "rejection" | "match"

@@ -84,6 +84,30 @@ def test_greedy_with_dflash_drafter_matches_plain(tiny_target, tmp_path, short_b
     drafter.close()
 
 
+def test_greedy_equals_plain_when_the_drafters_probabilities_trim_its_blocks(tiny_target, tmp_path):
+    """DFlash rates its slots by its own top probabilities, calibrated as it runs, and the adaptive policy
+    verifies only those worth their rows: output unchanged, some slots trimmed, the calibration fed."""
+    from dflash_gguf.engine.confidence import ConfidenceCalibration
+    draft_path = write_random_drafter(tiny_target.model.path, tmp_path / "draft.gguf", taps=[1, 2], block_size=8,
+                                      n_head=4, n_head_kv=2, head_dim=16, n_ff=64, seed=3)
+    drafter = DFlashSource(Model(draft_path), tiny_target.ctx, SETTINGS, tiny_target.model)
+    assert drafter.rates_by_probability and drafter.rate_slots()
+    # a CPU-like verify cost and frequent probes, so that calls keep coming while most of the random drafts fail
+    policy = DraftLengthPolicy(7, cost=CostCurve({1: 1.0, 2: 1.1, 8: 2.4}, t_draft=0.05), probe_every=1)
+    policy.calibration = ConfidenceCalibration()
+    spec = SpecDecoder(tiny_target, drafter, policy)
+    spec.debug_check_positions = True
+    plain = SpecDecoder(tiny_target, None, DraftLengthPolicy(1, adaptive=False))
+    trimmed = verified = 0
+    for prompt in _prompts(tiny_target.model.n_vocab, 6):
+        res = _generate(spec, prompt, 64)
+        assert res.tokens == _generate(plain, prompt, 64).tokens
+        trimmed, verified = trimmed + res.n_trimmed, verified + res.n_drafted
+    assert trimmed > 0 and verified > 0, (trimmed, verified)
+    assert policy.calibration.tried.sum() > 0
+    drafter.close()
+
+
 class _AlwaysDrafter(DraftLengthPolicy):
     """Picks the drafter every step, so that "override" puts the lookup continuation into its blocks."""
 
@@ -342,6 +366,36 @@ def test_greedy_equality_on_smollm2(precision):
             k = next(j for j, (a, b) in enumerate(zip(res.tokens, ref)) if a != b)
             pytest.fail(f"{precision}, prompt {i}: speculative output diverged from plain at token {k}")
     target.close()
+
+
+@pytest.mark.slow
+def test_adaptive_dflash_with_trimmed_blocks_equals_plain_on_smollm2():
+    """The adaptive engine with --draft-trim (DFlash's blocks trimmed by its calibrated probabilities) on the
+    embedded SmolLM2 with the shipped drafter: plain greedy's tokens, token for token; without it nothing is
+    trimmed."""
+    from dataclasses import replace
+
+    from dflash_gguf.engine.session import Engine
+    from dflash_gguf.settings import EngineSettings
+    from helpers.engine import project_prompts
+    settings = EngineSettings(n_ctx=1024, n_threads=2, draft_source="dflash")
+    trimmed = {}
+    for trim in (True, False):
+        engine = Engine(replace(settings, draft_trim=trim))
+        try:
+            assert engine.policy.use_confidence is trim and (engine.policy.calibration is not None) is trim
+            trimmed[trim] = drafted = 0
+            for i, text in enumerate(project_prompts(per_category=2)):
+                prompt = engine.tokenize(text, add_special=False)
+                ref = engine.generate(prompt, 96, speculative=False).tokens
+                res = engine.generate(prompt, 96)
+                assert res.tokens == ref, f"draft_trim={trim}, prompt {i}: diverged from plain"
+                trimmed[trim] += res.n_trimmed
+                drafted += res.n_drafted
+            assert drafted > 0
+        finally:
+            engine.close()
+    assert trimmed[True] > 0 and trimmed[False] == 0, trimmed
 
 
 @pytest.mark.slow

@@ -181,8 +181,11 @@ def test_one_stalled_step_moves_an_estimate_by_a_clipped_share():
     p = DraftLengthPolicy(7, cost=CostCurve({1: 1.0, 2: 1.2, 8: 2.4}, t_draft=0.1))
     p.observe(0, 0, verify_s=4.0)                       # a plain step that stalled 4x
     assert p.cost.t[1] == pytest.approx(0.9 + 0.1 * 1.25)
+    t8 = p.cost.t[8]
+    assert t8 == pytest.approx(2.4 * p.cost.t[1])       # every price moved with t(1)
     p.cost.observe_verify(8, 0.1)                       # and one that ran impossibly fast
-    assert p.cost.t[8] == pytest.approx(0.9 * 2.4 + 0.1 * 2.4 / 1.25)
+    share = 0.9 + 0.1 / 1.25                            # t(1) implied lower by the clipped share, every price
+    assert p.cost.t[8] == pytest.approx(share * share * t8)     # with it, then t(8) itself by the clipped share
     for _ in range(200):                                # a lasting change of speed still comes through
         p.observe(0, 0, verify_s=2.0)
     assert p.cost.t[1] == pytest.approx(2.0, rel=1e-3)
@@ -209,7 +212,8 @@ def test_a_stale_t1_does_not_keep_a_losing_speculative_streak_going():
                          t_draft_n={1: 0.64e-3, 2: 0.78e-3, 3: 0.88e-3, 4: 1.02e-3, 6: 1.34e-3, 7: 1.63e-3})
         p = DraftLengthPolicy(7, cost=cost)
         p.slots = SlotAcceptance(7, np.array([0.641, 0.6, 0.531, 0.632, 0.6, 0.6, 0.6]), 4.0, 0.98)
-        cost.t[1], cost.t[2] = 10.14e-3, 9.54e-3
+        cost.rescale(10.14e-3)          # the slow spell moves every price with t(1) (the run's t(2) was 9.54 ms
+                                        # when t(1) alone moved with it)
         rng = np.random.default_rng(seed)
         drafted = 0
         for _ in range(104):

@@ -205,7 +205,7 @@ class SpecDecoder:
             if override:
                 proposal = overridden(proposal, override, sampling.greedy, self.target.model.n_vocab)
         n_looked_up = n if lookup is not None else min(len(override or ()), n)
-        drafted = n
+        drafted, rated = n, proposal
         if proposal.confidence is not None:                                # verify only the slots worth it
             proposal = proposal.first(self.policy.trim(proposal.confidence))
             n = len(proposal.tokens)
@@ -214,6 +214,8 @@ class SpecDecoder:
         verdict = self.verify(proposal, rows, sampling, rng)
         t2 = time.perf_counter()
         kept = verdict.n_accepted + 1                                      # last + accepted drafts
+        if rated.confidence is not None and self.policy.calibration is not None:
+            self._calibrate(rated, n, verdict, sampling)
         if self.drafter is not None:
             features = self.target.features(0, kept)
         self.target.keep(kept, n + 1)                                      # rollback of the target
@@ -244,6 +246,14 @@ class SpecDecoder:
             self.check_positions()
         return verdict.emitted(proposal.tokens)
 
+    def _calibrate(self, rated: Proposal, n: int, verdict: Verdict, sampling: SamplingParams) -> None:
+        """Count the verified slots' outcomes against the drafter's probabilities, and at greedy the first slot
+        left unverified against the token the target emitted in its place."""
+        agrees = None
+        if sampling.greedy and verdict.n_accepted == n < len(rated.tokens):
+            agrees = verdict.next_token == rated.tokens[n]
+        self.policy.calibration.record_step(rated.confidence, n, verdict.n_accepted, agrees)
+
     def _plain_step(self, last: int, sampling: SamplingParams, rng, res: GenerationResult) -> list[int]:
         """One plain decoding step (the plain decoder's, and the policy's fallback): decode `last`, pick the next
         token, hand the row's features to the drafter. Emits what `_step` with n = 0 emits, drawing the same
@@ -272,7 +282,7 @@ class SpecDecoder:
         proposal = self.drafter.draft(last, pos, n, want_logits=stochastic, pick=pick_slot)
         if stochastic and proposal.q is None:                              # slots independent of earlier draws
             q = probs_from_logits(proposal.logits, sampling)               # [n, V]
-            proposal = Proposal([sample(q[i], rng) for i in range(n)], proposal.logits, q)
+            proposal = Proposal([sample(q[i], rng) for i in range(n)], proposal.logits, q, proposal.confidence)
         return proposal
 
     def verify(self, proposal: Proposal, rows: np.ndarray, sampling: SamplingParams, rng) -> Verdict:

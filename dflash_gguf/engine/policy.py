@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .confidence import ConfidenceCalibration
 from .verify import SlotCounts
 
 
@@ -92,14 +93,33 @@ class CostCurve:
     def observe_verify(self, b: int, seconds: float, cold: bool = False) -> None:
         cold = cold and bool(self.t_cold)
         table, shape = (self.t_cold, self.shape_cold) if cold else (self.t, self.shape)
-        table[b] = _smoothed(table.get(b), seconds, self.smoothing)
         if b > 1 and shape and 1 in self.t:
             # t(1) is timed on plain steps only, so a speculative streak would keep whatever it last was. The
             # calibrated shape turns this timing into one of t(1), which may only lower it: a t(1) that looks
-            # too dear makes drafting look cheap, the one mistake that loses against plain decoding.
+            # too dear makes drafting look cheap, the one mistake that loses against plain decoding. The other
+            # prices move with it (`rescale`): lowered here alone and raised with them by the next plain steps,
+            # t(1) would ratchet every other price up against it.
             implied = seconds / float(interp_table(shape, b))
             if implied < self.t[1]:
-                self.t[1] = _smoothed(self.t[1], implied, self.smoothing)
+                self.rescale(_smoothed(self.t[1], implied, self.smoothing))
+        table[b] = _smoothed(table.get(b), seconds, self.smoothing)
+
+    def rescale(self, t1: float) -> None:
+        """Move t(1) to `t1` and every other price by the same factor. The machine's speed moves all of them
+        alike (a shared CPU: t(1) 15-35 ms within minutes; a cost curve cached in a
+        slower hour), while each price is timed only when its kind of step runs: moved alone, a t(1) that fell
+        from 10.0 to 6.4 ms left a draft priced at 1.48 t(1) for a verify of 2 rows and 0.24 t(1) for its draft
+        call (measured: SmolLM2 Q4_K_M, calibrated at 1.26 and 0.14), so drafting looked like a loss, never ran,
+        and its prices never came down."""
+        old = self.t.get(1)
+        if not old:
+            self.t[1] = t1
+            return
+        factor = t1 / old
+        for table in (self.t, self.t_cold, self.t_draft_n):
+            for b in table:
+                table[b] *= factor
+        self.t_draft *= factor
 
     def observe_draft(self, seconds: float, n: int | None = None) -> None:
         if self.short_blocks and n is not None:
@@ -310,7 +330,10 @@ class DraftLengthPolicy:
         self._probe_gap = probe_every
         self.last_reason = "fixed" if not self.adaptive else "init"
         self.use_confidence = True          # trim blocks by the drafter's confidences, where it gives them
-                                            # (the engine asks the drafter for them with --draft-confidence)
+                                            # (the engine asks the drafter for them: DFlash's probabilities with
+                                            # --draft-trim, DSpark's confidence head with --draft-confidence)
+        self.calibration: ConfidenceCalibration | None = None   # set where the confidences are raw probabilities
+        self.emptied = 0.0                  # decayed share of draft calls whose every slot `trim` left unverified
         self.has_drafter = True             # False: a lookup source alone (choose_step never asks the drafter)
         self.lookup: LookupAcceptance | None = None
         self._rates: dict[int, float] = {}  # the drafter's expected tokens/s per n, as last weighed
@@ -337,8 +360,14 @@ class DraftLengthPolicy:
         e = self.slots.expected_tokens()
         ns = np.arange(self.draft_min, self.draft_max + 1)
         t = self.cost.verifies(ns + 1, cold=True)                   # a drafter's verify runs right after its draft
+        # With trimming, α is counted on the drafts that were verified; a call whose every slot was trimmed
+        # (share q) yields one token for a plain verify. Left out, a drafter unsure everywhere would be called at
+        # every step (its draft paid, nothing verified, α never updated).
+        q = self.emptied
+        tokens = (1 - q) * e[ns] + q
+        seconds = (1 - q) * t + q * self.cost.verify(1) + self.cost.drafts(ns)
         rates = {0: 1.0 / self.cost.verify(1)}
-        rates.update(zip(ns.tolist(), (e[ns] / (t + self.cost.drafts(ns))).tolist()))
+        rates.update(zip(ns.tolist(), (tokens / seconds).tolist()))
         self._rates = rates
         return rates
 
@@ -428,16 +457,18 @@ class DraftLengthPolicy:
         self._pending = still
 
     def trim(self, confidence: np.ndarray) -> int:
-        """How many of a drafted block's slots to verify when the drafter rates each (DSpark's confidence head:
-        c_i, the chance slot i is accepted once the slots before it were): the k with the best
-        E(k) / (t_draft + t(k+1)), E(k) = 1 + Σ_{j≤k} Π_{i≤j} c_i; all of them without a cost curve or with
-        `use_confidence` off. Lossless at any k: the choice reads only the drafter."""
+        """How many of a drafted block's slots to verify when the drafter rates each (c_i, the chance slot i is
+        accepted once the slots before it were: DSpark's confidence head, or DFlash's top probabilities mapped
+        through `calibration`): the k with the best E(k) / (t_draft + t(k+1)), E(k) = 1 + Σ_{j≤k} Π_{i≤j} c_i,
+        t(k+1) priced as right after a draft; all of them without a cost curve or with `use_confidence` off.
+        Lossless at any k: the choice reads only the drafter."""
         n = len(confidence)
         if not (self.adaptive and self.use_confidence) or n == 0:
             return n
-        e = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(np.asarray(confidence, np.float64)))])
-        t = self.cost.verifies(np.arange(1, n + 2)) + self.cost.draft(n)
-        return int(np.argmax(e / t))
+        c = self.calibration(confidence) if self.calibration is not None else np.asarray(confidence, np.float64)
+        e = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(c))])
+        t = np.concatenate([[self.cost.verify(1)], self.cost.verifies(np.arange(2, n + 2), cold=True)])
+        return int(np.argmax(e / (t + self.cost.draft(n))))
 
     def observe(self, n_drafted: int, n_accepted: int, verify_s: float | None = None,
                 draft_s: float | None = None, draft_n: int | None = None, lookup: bool = False) -> None:
@@ -449,12 +480,14 @@ class DraftLengthPolicy:
                 ratio[n_drafted] = _smoothed(ratio[n_drafted], verify_s / self.cost.t[1], self.cost.smoothing)
                 self.cost.observe_verify(n_drafted + 1, verify_s)
             return
+        if draft_s is not None and self.use_confidence:
+            self.emptied = self.slots.decay * self.emptied + (1 - self.slots.decay) * (n_drafted == 0)
         if draft_n and draft_s is not None and self.cost is not None:
             self.cost.observe_draft(draft_s, draft_n)
             draft_s = None
         if n_drafted == 0 and verify_s is not None and self.cost is not None:
             # a plain step: only t(1) moves (not through observe_verify: it runs every token of a plain streak)
-            self.cost.t[1] = _smoothed(self.cost.t.get(1), verify_s, self.cost.smoothing)
+            self.cost.rescale(_smoothed(self.cost.t.get(1), verify_s, self.cost.smoothing))
             return
         if n_drafted > 0:
             self.slots.update(n_drafted, n_accepted)

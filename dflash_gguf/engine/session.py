@@ -14,6 +14,7 @@ from ..paths import cache_root
 from ..settings import EngineSettings
 from ..target_file import TargetFile
 from . import prefix
+from .confidence import ConfidenceCalibration
 from .loop import GenerationResult, SpecDecoder, TokenCallback
 from .policy import CostCache, CostCurve, DraftLengthPolicy, measure_cost_curve
 from .sampling import SamplingParams
@@ -121,9 +122,13 @@ class Engine:
             policy = DraftLengthPolicy(self.draft_max, min(self.settings.draft_min, self.draft_max),
                                        adaptive=self.settings.adaptive, cost=self.cost,
                                        lookup_max=self.lookup_max if lookup is not None else None)
-            # --draft-confidence: a drafter with a confidence head rates its slots, and the policy trims by them
-            policy.use_confidence = bool(drafter is not None and self.settings.draft_confidence and policy.adaptive
-                                         and drafter.rate_slots())
+            # The drafter rates its slots and the policy trims blocks by the ratings: DFlash's own probabilities
+            # (calibrated as it runs) with --draft-trim, DSpark's confidence head with --draft-confidence
+            wanted = drafter is not None and policy.adaptive and (
+                self.settings.draft_trim if drafter.rates_by_probability else self.settings.draft_confidence)
+            policy.use_confidence = bool(wanted and drafter.rate_slots())
+            if policy.use_confidence and drafter.rates_by_probability:
+                policy.calibration = ConfidenceCalibration()
             self._decoders[source] = SpecDecoder(self.target, drafter, policy, t_mode=self.settings.t_mode,
                                                  lookup=lookup)
         return self._decoders[source]

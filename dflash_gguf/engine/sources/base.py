@@ -38,6 +38,8 @@ class DraftSource:
     member: str                       # which source this is: a DFlash family member, "lookup"
     block_size: int                   # max tokens per draft call, including the anchor slot
     taps: list[int] = []              # target layer ids whose features `process` expects
+    rates_by_probability = False      # its slot ratings are its own softmax probabilities (calibrated by the
+                                      # policy) rather than a head trained to predict acceptance
 
     def begin(self) -> None:
         pass

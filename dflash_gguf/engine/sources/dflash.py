@@ -10,6 +10,7 @@ import numpy as np
 from ...errors import UserError
 from ...gguf_family import DFLASH
 from ...native.wrappers import Context, ContextSettings, Model
+from ..confidence import top_probabilities
 from ..drafter_driver import DrafterDriver
 from .base import DraftSource, Proposal
 
@@ -18,6 +19,7 @@ class DFlashSource(DraftSource):
     """A `dflash` GGUF run by llama.cpp, sharing the target's embeddings and LM head via ctx_other."""
 
     member = DFLASH.name                          # the DFlash family member (DFlash2Source, DSparkSource override it)
+    rates_by_probability = True                   # --draft-trim rates its slots by its top probabilities
 
     def __init__(self, model: Model, target_ctx: Context, settings: ContextSettings, target_model: Model,
                  *, window: int | None = None):
@@ -36,6 +38,8 @@ class DFlashSource(DraftSource):
         self.taps, self.block_size, self.n_batch = self.driver.taps, self.driver.block_size, self.driver.n_batch
         self.short_blocks = False
         self.n_vocab = target_model.n_vocab
+        self.rates_slots = False
+        self._columns: np.ndarray | None = None   # the draft vocabulary's logit columns, found at the first draft
         # Kept rows wait here until the next draft needs them, or until a full injection batch is pending:
         # injected one row per decode they cost 68 us a row, in batches of 16 or more 17-18 us (measured:
         # shipped SmolLM2 drafter, one thread, 2-core EPYC; a plain step is ~5.7 ms). Capped at one ubatch,
@@ -92,14 +96,29 @@ class DFlashSource(DraftSource):
         self._n_pending = 0
         return n
 
+    def rate_slots(self) -> bool:
+        """Rate each draft's slots from now on by the drafter's top probability (engine/confidence.py)."""
+        self.rates_slots = True
+        return True
+
     def draft(self, last_token: int, pos: int, n: int, want_logits: bool, pick=None) -> Proposal:
         """pick (T>0, rejection mode): the loop's sampler, `pick(logits [V]) -> (token, q [V])`, for sources
         whose later slots depend on the tokens drawn earlier; DFlash's slots do not, so it is unused here."""
         rows = self._decode_block(last_token, pos, n + 1)
         logits = self.driver.logits(rows)[1:n + 1]                     # row 0 is the anchor
         proposal = Proposal([int(t) for t in logits.argmax(axis=1)], np.array(logits) if want_logits else None)
+        if self.rates_slots and n:
+            proposal.confidence = top_probabilities(logits, self._draft_columns(logits[0]))
         self.driver.drop_block(pos)
         return proposal
+
+    def _draft_columns(self, row: np.ndarray) -> np.ndarray | None:
+        """The finite columns of a drafter with a reduced draft vocabulary (its other logits are -inf); None when
+        every column is finite."""
+        if self._columns is None:
+            finite = np.flatnonzero(np.isfinite(row))
+            self._columns = finite if finite.size < row.size else np.empty(0, dtype=np.int64)
+        return self._columns if self._columns.size else None
 
     def _decode_block(self, last_token: int, pos: int, needed: int) -> int:
         """Decode `[last, MASK…]` at pos; returns its row count. The full trained block (the drafter saw

@@ -23,11 +23,15 @@ from .dflash import DFlashSource
 
 class DFlash2Source(DFlashSource):
     member = DFLASH2.name
+    rates_by_probability = False              # its selector walk drafts; it rates no slots
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.top_k = int(self.model.meta("dflash.selector_top_k"))
         self.ctx.enable_nextn()
+
+    def rate_slots(self) -> bool:
+        return False
 
     def lattice(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """(candidates [rows, K] int, scores [rows, K, K] [slot, predecessor, successor]) of the last draft

@@ -79,6 +79,7 @@ class NumpyMarkovHead:
 
 class DSparkSource(DFlashSource):
     member = DSPARK.name
+    rates_by_probability = False              # its ratings come from its confidence head (--draft-confidence)
 
     def __init__(self, *args, markov_in_graph: bool | None = None, **kwargs):
         """markov_in_graph: where the chain runs; None: in the graph when the drafter is offloaded to a GPU,
