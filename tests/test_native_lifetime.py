@@ -4,7 +4,8 @@ A llama context uses its model's tensors (and a drafter's context the memory of 
 to) until it is freed. Freeing the model first and leaving the context to the garbage collector freed into
 released memory: AddressSanitizer reports a heap-use-after-free in ~llama_context, and without it glibc aborted CI
 once ("corrupted size vs. prev_size") in a later, unrelated decode. So closing a model closes its contexts first,
-closing a context closes the contexts linked to it first, and a closed context refuses to decode."""
+closing a context closes the contexts linked to it first, and a closed context refuses to decode; a closed model
+refuses every use (its vocabulary handle points into freed memory too)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import gc
 import pytest
 
 from dflash_gguf.assets import shipped_drafter_for
-from dflash_gguf.native.wrappers import Batch, Context, ContextSettings, DecodeError, Model
+from dflash_gguf.native.wrappers import Batch, Context, ContextSettings, DecodeError, Model, ModelClosedError
 from dflash_gguf.packaged_models import smollm2_q4_1
 
 SETTINGS = ContextSettings(n_ctx=256, n_batch=32, n_ubatch=32, n_threads=2)
@@ -57,3 +58,14 @@ def test_closing_a_target_context_closes_the_drafter_context_linked_to_it(smollm
     drafter_model.close()
     target_model.close()
     assert unrelated.ptr is None
+
+
+def test_a_closed_model_refuses_to_tokenize_or_to_open_a_context(smollm2):
+    model = Model(smollm2, devices=("none",))
+    assert model.tokenize("Hello", add_special=False) and not model.is_eog(model.tokenize("Hi")[0])
+    model.close()
+    for use in (lambda: model.tokenize("Hello"), lambda: model.is_eog(0), lambda: model.meta("general.name"),
+                lambda: Context(model, SETTINGS)):
+        with pytest.raises(ModelClosedError, match="closed"):
+            use()
+    model.close()                # a second close frees nothing twice

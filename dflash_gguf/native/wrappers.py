@@ -38,6 +38,10 @@ class ModelLoadError(RuntimeError):
     """A GGUF file could not be loaded."""
 
 
+class ModelClosedError(RuntimeError):
+    """A model was used after `close()`: its llama.cpp handles point into freed memory."""
+
+
 class TapError(RuntimeError):
     """Layer taps requested that the model cannot provide."""
 
@@ -98,16 +102,28 @@ class Model:
             self._keepalive.append(arr)
             params.devices = ctypes.cast(arr, ctypes.c_void_p)
         with held_log() as log:
-            self.ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
-        if not self.ptr:
+            self._ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._ptr:
             raise ModelLoadError(f"{self.path}: llama.cpp could not load this GGUF ({_load_reason(log)}); "
                                  "check that the file is complete and of a supported architecture")
         sys.stderr.write("".join(log))
-        self.vocab = L.llama_model_get_vocab(self.ptr)
-        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self._vocab = L.llama_model_get_vocab(self._ptr)
+        self.n_vocab = L.llama_vocab_n_tokens(self._vocab)
         self.n_embd = L.llama_model_n_embd(self.ptr)
         self.n_layer = L.llama_model_n_layer(self.ptr)
         self.arch = self.meta("general.architecture") or "?"
+
+    @property
+    def ptr(self):
+        """The llama_model handle; a closed model refuses to hand it out (its memory is freed)."""
+        if not self._ptr:
+            raise ModelClosedError(f"{self.path.name}: this model was closed; load the file again to use it")
+        return self._ptr
+
+    @property
+    def vocab(self):
+        self.ptr                                # noqa: B018 - refuses on a closed model
+        return self._vocab
 
     @property
     def on_gpu(self) -> bool:
@@ -183,11 +199,11 @@ class Model:
         """Free the model, and first every context still open on it: llama.cpp's contexts use their model's
         tensors until they are freed, so a context left to the garbage collector after its model would free
         into released memory."""
-        if getattr(self, "ptr", None):
-            for ctx in list(self._contexts):   # set before ptr, so present here
+        if getattr(self, "_ptr", None):
+            for ctx in list(self._contexts):   # set before _ptr, so present here
                 ctx.close()
-            self.native.llama_cpp.llama_model_free(self.ptr)
-            self.ptr = None
+            self.native.llama_cpp.llama_model_free(self._ptr)
+            self._ptr = None
 
     def __del__(self):
         self.close()
