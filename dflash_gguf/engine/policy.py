@@ -106,11 +106,11 @@ class CostCurve:
 
     def rescale(self, t1: float) -> None:
         """Move t(1) to `t1` and every other price by the same factor. The machine's speed moves all of them
-        alike (a shared CPU: t(1) 15-35 ms within minutes; a cost curve cached in a
-        slower hour), while each price is timed only when its kind of step runs: moved alone, a t(1) that fell
-        from 10.0 to 6.4 ms left a draft priced at 1.48 t(1) for a verify of 2 rows and 0.24 t(1) for its draft
-        call (measured: SmolLM2 Q4_K_M, calibrated at 1.26 and 0.14), so drafting looked like a loss, never ran,
-        and its prices never came down."""
+        alike (a shared CPU: t(1) 15-35 ms within minutes; a cost curve cached in a slower hour), while each
+        price is timed only when its kind of step runs: moved alone, a t(1) that fell from 10.0 to 6.4 ms left a
+        draft priced at 1.48 t(1) for a verify of 2 rows and 0.24 t(1) for its draft call (measured: SmolLM2
+        Q4_K_M, calibrated at 1.26 and 0.14), so drafting looked like a loss, never ran, and its prices never
+        came down."""
         old = self.t.get(1)
         if not old:
             self.t[1] = t1

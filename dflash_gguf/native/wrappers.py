@@ -113,16 +113,20 @@ class Model:
         self.n_layer = L.llama_model_n_layer(self.ptr)
         self.arch = self.meta("general.architecture") or "?"
 
+    def _require_open(self) -> None:
+        if not self._ptr:
+            raise ModelClosedError(f"{self.path.name}: this model was closed; load the file again to use it")
+
     @property
     def ptr(self):
         """The llama_model handle; a closed model refuses to hand it out (its memory is freed)."""
-        if not self._ptr:
-            raise ModelClosedError(f"{self.path.name}: this model was closed; load the file again to use it")
+        self._require_open()
         return self._ptr
 
     @property
     def vocab(self):
-        self.ptr                                # noqa: B018 - refuses on a closed model
+        """The model's vocabulary handle, freed with the model like `ptr`."""
+        self._require_open()
         return self._vocab
 
     @property
