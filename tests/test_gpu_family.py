@@ -14,6 +14,7 @@ from dflash_gguf.engine.sources.dspark import DSparkSource
 from dflash_gguf.engine.loop import SpecDecoder
 from dflash_gguf.engine.policy import DraftLengthPolicy
 from dflash_gguf.engine.target import Target
+from dflash_gguf.native.lib import capture_log
 from dflash_gguf.native.wrappers import ContextSettings, Model
 from helpers.engine import project_prompts
 from helpers.family import shipped_family_drafter
@@ -51,21 +52,31 @@ def test_family_drafter_on_the_device_equals_plain_and_accepts_like_the_cpu(smol
     refs = [plain.generate(p, 32, stop_tokens=_never_stop).tokens for p in prompts]
     tau = {}
     for where, ngl in (("cpu", 0), ("device", ALL_LAYERS)):
-        draft_model = Model(path, n_gpu_layers=ngl)
-        drafter = open_drafter(draft_model, target.ctx, SETTINGS, target.model)
-        assert type(drafter) is MEMBERS[member]
-        if member == "DSpark":      # offloaded: the chain runs in the device's graph; on the CPU in numpy
-            assert (drafter.markov is None) == (where == "device")
-        spec = SpecDecoder(target, drafter, DraftLengthPolicy(7, adaptive=False))
-        emitted = calls = accepted = 0
-        for i, (prompt, ref) in enumerate(zip(prompts, refs)):
-            res = spec.generate(prompt, 32, stop_tokens=_never_stop)
-            assert res.tokens == ref, f"{member} drafter on the {where}, prompt {i}: output differs from plain"
-            emitted, calls = emitted + len(res.tokens) - 1, calls + res.n_target_calls
-            accepted += res.n_accepted
-        assert accepted > 0, f"{member} on the {where}: no draft token accepted"
-        tau[where] = emitted / calls
-        drafter.close()
-        draft_model.close()
+        with capture_log() as lines:
+            tau[where] = _tau_equal_to_plain(target, path, member, where, ngl, prompts, refs)
+        # llama.cpp warns when a decode outgrew the compute buffer reserved at start-up (freed and allocated again in
+        # the middle of generating): DSpark's in-graph chain needs its block reserved too (patches/0018)
+        grown = [line for line in lines if "does not match expectation" in line]
+        assert not grown, f"{member} on the {where}: " + "".join(grown)
     print(f"{member}: τ CPU {tau['cpu']:.3f}, device {tau['device']:.3f}")
     assert abs(tau["device"] - tau["cpu"]) <= 0.1 * tau["cpu"], tau
+
+
+def _tau_equal_to_plain(target, path, member, where, ngl, prompts, refs) -> float:
+    """The drafter's τ over the prompts, each output checked against plain decoding's."""
+    draft_model = Model(path, n_gpu_layers=ngl)
+    drafter = open_drafter(draft_model, target.ctx, SETTINGS, target.model)
+    assert type(drafter) is MEMBERS[member]
+    if member == "DSpark":      # offloaded: the chain runs in the device's graph; on the CPU in numpy
+        assert (drafter.markov is None) == (where == "device")
+    spec = SpecDecoder(target, drafter, DraftLengthPolicy(7, adaptive=False))
+    emitted = calls = accepted = 0
+    for i, (prompt, ref) in enumerate(zip(prompts, refs)):
+        res = spec.generate(prompt, 32, stop_tokens=_never_stop)
+        assert res.tokens == ref, f"{member} drafter on the {where}, prompt {i}: output differs from plain"
+        emitted, calls = emitted + len(res.tokens) - 1, calls + res.n_target_calls
+        accepted += res.n_accepted
+    assert accepted > 0, f"{member} on the {where}: no draft token accepted"
+    drafter.close()
+    draft_model.close()
+    return emitted / calls

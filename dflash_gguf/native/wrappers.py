@@ -281,6 +281,10 @@ class Context:
         if rc != 0:
             raise _decode_error(rc, f"{self.model.path.name}: {what} of {batch.n_tokens} rows")
 
+    def graphs_reused(self) -> int:
+        """How many decodes ran a compute graph kept from before instead of building one."""
+        return int(self.native.llama_cpp.llama_perf_context(self.ptr).n_reused)
+
     def logits(self, i: int) -> np.ndarray:
         """Logits of output row i of the last decode (a view, valid until the next decode)."""
         ptr = self.native.llama_cpp.llama_get_logits_ith(self.ptr, i)

@@ -62,8 +62,7 @@ struct Q4_0 : Offset32<Q4_0, block_q4_0, 15, 8> {
     static DFLASH_INLINE __m256i row_quants(const block_q4_0 & x) { return nibbles_in_order(x.qs); }
 
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
-        out.m = _mm256_setzero_ps();
-        if (t.interleaved) {     // the 8 rows' scales, then their nibbles
+        if (t.interleaved) {     // the 8 rows' scales (out.m zero), then their nibbles
             interleaved_nibbles(scales_first_block<block_q4_0>(t, b, out), out);
             return;
         }
@@ -71,6 +70,7 @@ struct Q4_0 : Offset32<Q4_0, block_q4_0, 15, 8> {
         t.rows(b, r);
         unpack_nibbles32(r, offsetof(block_q4_0, qs), out);
         out.d = load_lanes_f16(r, offsetof(block_q4_0, d));
+        out.m = _mm256_setzero_ps();
     }
 };
 
