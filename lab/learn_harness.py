@@ -228,8 +228,6 @@ def adapt_options(a) -> list[object]:
         options += ["--lr", a.adapt_lr]
     if a.adapt_replay is not None:
         options += ["--replay", a.adapt_replay]
-    if a.adapt_augment is not None:
-        options += ["--augment", a.adapt_augment]
     if a.adapt_rows:
         options += ["--rows", a.adapt_rows]
     if a.adapt_general_drop is not None:
@@ -266,9 +264,8 @@ def domain(name: str, a) -> dict:
     persona = PERSONAS.get(name)
     result = {"domain": name, "sources": DOMAINS[persona.domain if persona else name],
               "system_prompt": persona.system if persona else None, "played": played,
-              "adapt": {k: adapt_record.get(k) for k in ("recorded_train", "recorded_held_back", "replayed",
+              "adapt": {k: adapt_record[k] for k in ("recorded_train", "recorded_held_back", "replayed",
                                                      "labelled_rows", "minutes", "tau_before", "tau_after",
-                                                     "augmented",
                                                      "checkpoints", "kept", "written", "general_drop")},
               "adapt_options": [str(x) for x in adapt_options(a)],
               "adapt_wall_minutes": round((time.time() - t0) / 60, 1)}
@@ -326,7 +323,6 @@ def main() -> None:
                     help="train --adapt --eval-prompts (its general set, per category)")
     ap.add_argument("--adapt-lr", type=float, help="train --adapt --lr (default: its own)")
     ap.add_argument("--adapt-replay", type=float, help="train --adapt --replay (default: its own)")
-    ap.add_argument("--adapt-augment", type=int, help="train --adapt --augment (default: its own)")
     ap.add_argument("--adapt-rows", type=int, help="train --adapt --rows (default: none, the time box alone)")
     ap.add_argument("--adapt-general-drop", type=float, help="train --adapt --general-drop (default: its own)")
     ap.add_argument("--threads", type=int, default=1, help="one thread: ggml's threads wait for each other at "

@@ -229,7 +229,6 @@ def test_adapt_writes_a_new_drafter_that_decodes_losslessly(tiny, recorded, tmp_
     assert sha(drafter) == before and out.is_file()
     record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
     assert record["recorded_train"] == 5 and record["recorded_held_back"] == 1 and record["replayed"] == 5
-    assert record["augmented"] == 0                         # --augment is off unless asked
     assert record["tau_after"]["held_back"] >= 1.0 and record["tau_before"]["general"] >= 1.0
     assert record["labelled_rows"] > 0 and record["checkpoints"] and record["written"]
     assert record["kept"]["tau_held_back"] == max(c["tau_held_back"] for c in record["checkpoints"])
@@ -244,32 +243,3 @@ def test_adapt_writes_a_new_drafter_that_decodes_losslessly(tiny, recorded, tmp_
         assert spec.n_drafted > 0 and spec.tokens == plain.tokens
     finally:
         engine.close()
-
-
-def test_adapt_trains_on_sampled_answers_to_the_recorded_prompts(tiny, recorded, tmp_path, monkeypatch):
-    """--augment N: the target answers each recorded training prompt N more times, sampled, no longer than the
-    recorded answer; those sequences (with their features) join the training data beside the recorded ones."""
-    import numpy as np
-    from dflash_gguf.learn.store import LearnStore
-    from dflash_gguf.train.dataset import FeatureDataset
-    scripted_tau(monkeypatch, 1.0, [1.5])
-    learn, _ = recorded
-    convs = {tuple(c.prompt): c.answer for c in LearnStore(learn).read()}
-    assert adapt_cli(tiny, recorded, tmp_path / "a.gguf", tmp_path / "work", "--augment", "3") == 0
-    data = FeatureDataset(tmp_path / "work" / "data")
-    sampled = [r for r in data.index if r.get("source") == "augment"]
-    recorded_rows = [r for r in data.index if r.get("category") == "recorded" and r.get("source") != "augment"]
-    assert len(sampled) == 15 and len(recorded_rows) == 5
-    trained = {tuple(np.asarray(data.tokens[r["offset"]:r["offset"] + r["spans"][0][0]]).tolist()) for r in recorded_rows}
-    differs = 0
-    for r in sampled:
-        seq = np.asarray(data.tokens[r["offset"]:r["offset"] + r["length"]]).tolist()
-        start = r["spans"][0][0]
-        prompt, answer = tuple(seq[:start]), seq[start:]
-        assert prompt in trained                                  # a prompt trained on, never a held-back one
-        assert 1 <= len(answer) <= len(convs[prompt])
-        assert np.abs(data.features(r["offset"], r["offset"] + r["length"] - 1)).sum() > 0
-        differs += answer != convs[prompt][:len(answer)]
-    assert differs > 0                                            # sampled, not the greedy answer again
-    record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
-    assert record["augmented"] == 15

@@ -33,14 +33,12 @@ from ..target_file import TargetFile
 from .options import ADAPT_LR
 
 RECORDED_INDEX = 10_000_000     # dataset prompt_index of recorded conversation i (replay ones count from 0)
-AUGMENTED_INDEX = 20_000_000    # ... of the target's sampled answer i to the recorded prompts
 
 
 @dataclass
 class AdaptSettings:
     minutes: float = 20.0           # data preparation + training (the measurements come on top)
     replay: float = 1.0             # replayed sequences of the original distribution per recorded one
-    augment: int = 0                # more answers to each recorded prompt, sampled from the target (0: none)
     held_back: float = 0.1          # share of the recorded conversations kept out of training, for τ
     lr: float = ADAPT_LR            # peak; warm-up and cosine run over the training part of the time box
     eval_per_category: int = 5      # prompts per category of the general set
@@ -129,35 +127,6 @@ def replay_data(target: TargetFile, taps: list[int], pool: list[dict], n: int, s
     return FeatureDataset(folder)
 
 
-AUGMENT_SAMPLING = {"temperature": 0.8, "top_k": 0, "top_p": 0.95}
-
-
-def augment_data(target: TargetFile, taps: list[int], train: list[Conversation], s: AdaptSettings, folder: Path,
-                 feature_dtype: str, deadline: float):
-    """A FeatureDataset of the target's own answers to the recorded training prompts, `s.augment` more per prompt,
-    sampled (AUGMENT_SAMPLING), each as long as the recorded answer at most: more of the user's kind of text than
-    the store holds (fewer sequences if the deadline comes first; resumable)."""
-    from .dataset import FeatureDataset  # noqa: PLC0415
-    from .harvest import HarvestSettings, harvest  # noqa: PLC0415
-    rows = [{"tokens": c.prompt, "max_new": max(len(c.answer), 1), "category": "recorded",
-             "source": f"augment:{c.shard.name}"} for c in train for _ in range(s.augment)]
-    longest = max((len(c.prompt) + len(c.answer) for c in train), default=1)
-    settings = HarvestSettings(taps=taps, seed=s.seed, n_threads=s.threads, top_k_probs=0, sampled_fraction=1.0,
-                               ctx_per_seq=max(1024, 2 * longest), feature_dtype=feature_dtype, **AUGMENT_SAMPLING)
-    ident = hashlib.sha256(json.dumps([[c.shard.name for c in train], s.augment, s.seed, AUGMENT_SAMPLING]).encode()
-                           ).hexdigest()
-    meta = folder / "meta.json"
-    if meta.exists() and json.loads(meta.read_text()).get("augment_of") != ident:
-        shutil.rmtree(folder)                # another store, split or setting: sample afresh
-    done = FeatureDataset(folder).refresh() if (folder / "index.jsonl").exists() else 0
-    if done < len(rows):
-        print(f"augment: the target answers the {len(train)} recorded prompts {s.augment} more time(s), sampled "
-              f"(T {AUGMENT_SAMPLING['temperature']}, top-p {AUGMENT_SAMPLING['top_p']})", file=sys.stderr)
-        harvest(target, rows, folder, settings, max_seconds=max(deadline - time.time(), 1.0),
-                meta_extra={"target_sha256": target.sha256, "augment_of": ident})
-    return FeatureDataset(folder)
-
-
 def _range_for(folder: Path, n: int) -> int:
     """Prompt indices to cover so that `n` sequences exist (a few prompts are skipped as too long)."""
     done = 0
@@ -167,18 +136,14 @@ def _range_for(folder: Path, n: int) -> int:
 
 
 def build_dataset(folder: Path, target: TargetFile, replay, n_replay: int, train: list[Conversation],
-                  threads: int, augmented=None):
-    """The training folder: `n_replay` sequences copied from the replay data, the target's sampled answers to the
-    recorded prompts (`augmented`, all of them), then the recorded conversations with their features recomputed
-    through the target (resumable: sequences already there are kept)."""
+                  threads: int):
+    """The training folder: `n_replay` sequences copied from the replay data, then the recorded conversations
+    with their features recomputed through the target (resumable: sequences already there are kept)."""
     from .dataset import FeatureDataset, spans_of  # noqa: PLC0415
     from .harvest import DatasetWriter  # noqa: PLC0415
     from .refeature import write_with_features  # noqa: PLC0415
-    n_augmented = 0 if augmented is None else len(augmented.index)
     ident = hashlib.sha256(json.dumps([replay.meta.get("prompts_sha256"), n_replay,
-                                       [c.shard.name for c in train]]
-                                      + ([augmented.meta.get("augment_of"), n_augmented] if n_augmented else [])
-                                      ).encode()).hexdigest()
+                                       [c.shard.name for c in train]]).encode()).hexdigest()
     meta = {"target": target.path.name, "target_sha256": target.sha256, "prompts_sha256": ident,
             "seed": replay.meta["seed"], "taps": replay.taps, "n_embd": replay.meta["n_embd"],
             "store_features": True, "top_k_probs": 0, "feature_dtype": replay.feature_dtype,
@@ -190,17 +155,12 @@ def build_dataset(folder: Path, target: TargetFile, replay, n_replay: int, train
         (folder.parent / "adapt-plan.json").unlink(missing_ok=True)
         (folder.parent / "checkpoint-taus.json").unlink(missing_ok=True)
     writer = DatasetWriter(folder, meta)
-    copied = [(replay, replay.index[:n_replay], 0, "replay")]
-    if n_augmented:
-        copied.append((augmented, augmented.index, AUGMENTED_INDEX, "augment"))
-    for source, index, base, what in copied:
-        for r in index:
-            if base + r["prompt_index"] in writer.done:
-                continue
-            off, n = r["offset"], r["length"]
-            writer.add(np.asarray(source.tokens[off:off + n]).tolist(), spans_of(r), {**r, "source": what},
-                       prompt_index=base + r["prompt_index"], sampled=bool(r.get("sampled")),
-                       feats=source.features(off, off + n))
+    for r in replay.index[:n_replay]:
+        if r["prompt_index"] in writer.done:
+            continue
+        off, n = r["offset"], r["length"]
+        writer.add(np.asarray(replay.tokens[off:off + n]).tolist(), spans_of(r), {**r, "source": "replay"},
+                   prompt_index=r["prompt_index"], sampled=bool(r.get("sampled")), feats=replay.features(off, off + n))
     items = [(RECORDED_INDEX + i, c.prompt + c.answer, [[len(c.prompt), len(c.prompt) + len(c.answer)]],
               {"category": "recorded", "source": f"learn:{c.shard.name}"}) for i, c in enumerate(train)]
     write_with_features(writer, target, items, n_threads=threads)
@@ -320,11 +280,11 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
     before = _measured_once(work / "tau-before.json", key, lambda: yardstick.tau(drafter))
     print(f"τ before: held back {before['held_back']}, general {before['general']}", file=sys.stderr)
     deadline = time.time() + s.minutes * 60             # the time box: preparing the data, then training
-    data, n_replay, n_augmented = prepare_data(target, src.config, pool, train, work, s, deadline)
+    data, n_replay = prepare_data(target, src.config, pool, train, work, s, deadline)
     seconds = _training_seconds(work, deadline, resume, s.minutes)
     base = {"adapted_from": init_record(drafter, src.train_metadata), "store": store_dir.name,
             "recorded_train": len(train), "recorded_held_back": len(held), "held_back_measured": yardstick.n_held_back,
-            "replayed": n_replay, "augmented": n_augmented,
+            "replayed": n_replay,
             "adapt_settings": {k: [str(x) for x in v] if k == "prompts" else v if k != "replay_dir" else None
                                for k, v in asdict(s).items()}}
     general_start = None if math.isnan(before["general"]) else before["general"]
@@ -404,20 +364,14 @@ def copy_into_place(src: Path, out: Path) -> None:
 
 def prepare_data(target: TargetFile, config, pool: list[dict], train: list[Conversation], work: Path,
                  s: AdaptSettings, deadline: float):
-    """(the training FeatureDataset, replayed sequences in it, sampled answers in it): the replay harvested (or
-    taken from the cache) while at least a quarter of the box is left, the target's sampled answers to the recorded
-    prompts while half of it is, then the recorded requests' features."""
+    """(the training FeatureDataset, replayed sequences in it): the replay harvested (or taken from the cache)
+    while at least a quarter of the box is left, then the recorded requests' features."""
     n_replay = round(s.replay * len(train))
-    taps = list(config.target_layers)
-    replay = replay_data(target, taps, pool, n_replay, s, deadline - s.minutes * 15)
+    replay = replay_data(target, list(config.target_layers), pool, n_replay, s, deadline - s.minutes * 15)
     n_replay = min(n_replay, len(replay.index))
-    augmented = None
-    if s.augment:                        # sampling stops with half the box left for training
-        augmented = augment_data(target, taps, train, s, work / "augment", replay.feature_dtype,
-                                 deadline - s.minutes * 30)
-    data = build_dataset(work / "data", target, replay, n_replay, train, s.threads, augmented)
+    data = build_dataset(work / "data", target, replay, n_replay, train, s.threads)
     target.release_model()               # training wants its memory; the export's load check loads it again
-    return data, n_replay, 0 if augmented is None else len(augmented.index)
+    return data, n_replay
 
 
 def continued_trainer(target: TargetFile, src, source: str, data, work: Path, s: AdaptSettings, seconds: float,

@@ -94,9 +94,6 @@ def register(app: typer.Typer) -> None:
                                                    "to continue (never overwritten)"),
         replay: float = typer.Option(1.0, "--replay", help="with --adapt: sequences of the drafter's original "
                                      "training distribution mixed in per recorded request"),
-        augment: int = typer.Option(0, "--augment", help="with --adapt: more answers to each recorded prompt, "
-                                    "sampled from the target (T 0.8, top-p 0.95) and trained on beside the "
-                                    "recorded ones (0: none)"),
         eval_prompts: int = typer.Option(5, "--eval-prompts", help="with --adapt: prompts per category of the "
                                          "general set τ is measured on before, at every checkpoint and after "
                                          "(0: none)"),
@@ -120,8 +117,8 @@ def register(app: typer.Typer) -> None:
                        f"{a['general'] if a['general'] is None else round(a['general'], 2)} (kept: the best of "
                        f"{len(record['checkpoints'])} checkpoints within --general-drop {record['general_drop']:g}, "
                        f"after {kept['train_minutes']:.1f} "
-                       f"training minutes; {record['recorded_train']} recorded + {record['augmented']} sampled + "
-                       f"{record['replayed']} replayed sequences, {record['labelled_rows']:,} labelled rows, {record['minutes']} min); "
+                       f"training minutes; {record['recorded_train']} recorded + {record['replayed']} replayed "
+                       f"sequences, {record['labelled_rows']:,} labelled rows, {record['minutes']} min); "
                        f"work dir: {work} (--resume {work})")
             return
         record, work = run(validate(resolved(given)))

@@ -3,8 +3,7 @@
 Generation runs many sequences in one batch (each sequence has its own KV stream), and per position it keeps
 the tapped hidden states (optional: they can be recomputed later by a batched prefill of the tokens) and the
 target's top-k next-token probabilities (free: the logits were computed anyway; used for distillation).
-A row may carry `followups`: further user turns, answered in the same sequence (multi-turn data); `tokens`: the
-prompt as token ids, already rendered (a recorded request); `max_new`: its own answer budget.
+A row may carry `followups`: further user turns, answered in the same sequence (multi-turn data).
 
 Layout of a dataset folder (append-only; a harvest resumes where it stopped):
   tokens.bin   int32 [N]             all sequences back to back (prompt + responses)
@@ -271,13 +270,13 @@ class _Generator:
         s, K = self.s, self.K
         while self.queue:
             index, row = self.queue.pop()
-            toks = list(row["tokens"]) if "tokens" in row else format_prompt(self.model, row, s.chat_template)
+            toks = format_prompt(self.model, row, s.chat_template)
             if not 4 <= len(toks) <= min(768, s.ctx_per_seq // 2):
                 continue
             rng = np.random.default_rng([s.seed, index])
             sampled = rng.random() < s.sampled_fraction
             sp = SamplingParams(s.temperature, s.top_k, s.top_p) if sampled else SamplingParams()
-            budget = row.get("max_new") or s.max_new.get(row.get("category"), 256)
+            budget = s.max_new.get(row.get("category"), 256)
             slot = _Slot(seq, index, row, [], [], [], [], [], budget, sp, rng, list(row.get("followups", [])))
             slot.topk_ids = [np.full(K, -1, np.int32)] * (len(toks) - 1) if K else []
             slot.topk_p = [np.zeros(K, np.float32)] * (len(toks) - 1) if K else []

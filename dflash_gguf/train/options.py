@@ -60,7 +60,6 @@ def validate(o: SimpleNamespace) -> SimpleNamespace:
         (o.adapt is None or not (o.tv_given or o.distill), "--tv" if o.tv_given else "--distill",
          o.tv if o.tv_given else o.distill, "--adapt trains on hard labels only: its recorded and replayed data keep "
          "no top-k probabilities of the target; leave out --tv and --distill"),
-        (0 <= o.augment <= 10, "--augment", o.augment, "choose 0 (none) to 10 sampled answers per recorded prompt"),
         (0 < o.replay <= 10, "--replay", o.replay, "choose a share > 0 (1: as many replayed as recorded) up to 10"),
         (o.max_minutes is None or o.max_minutes > 0, "--max-minutes", o.max_minutes, "must be > 0"),
         (o.rows is None or o.rows > 0, "--rows", o.rows, "must be > 0"),

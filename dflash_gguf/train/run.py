@@ -92,7 +92,7 @@ def run_adapt(o: SimpleNamespace) -> tuple[dict, Path]:
         store = o.adapt.resolve()
         key = hashlib.sha256(f"{store}|{o.model_draft.resolve()}".encode()).hexdigest()[:12]
         work = o.resume or o.work_dir or cache_root() / "adapt" / f"{o.out.stem}-{key}"
-        settings = AdaptSettings(minutes=o.max_minutes or 20.0, replay=o.replay, augment=o.augment, lr=o.lr, seed=o.seed, rows=o.rows,
+        settings = AdaptSettings(minutes=o.max_minutes or 20.0, replay=o.replay, lr=o.lr, seed=o.seed, rows=o.rows,
                                  threads=o.threads, prompts=tuple(o.prompts), eval_per_category=o.eval_prompts,
                                  general_drop=o.general_drop, replay_dir=o.data_dir)
         record = adapt(target, o.model_draft, o.out, o.adapt, work, settings, force=o.force,
