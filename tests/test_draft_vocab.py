@@ -73,6 +73,39 @@ def test_reduced_logits_equal_the_full_head_on_its_tokens(files):
     target.close()
 
 
+def test_head_order_rows_are_the_scattered_rows_bit_for_bit(files):
+    """The source reads a reduced vocabulary's logits in head order (the graph no longer fills and scatters
+    n_vocab-wide rows): the same floats as the scattered rows' d2t columns, bit for bit, and the same drafts;
+    a drafter without d2t keeps the vocabulary's rows. Breaks if the rows come out in another order, if the
+    mapping back to tokens is skipped, or if the switch reaches a drafter it must not."""
+    target_path, full, reduced, ids = files
+    target = Target(Model(target_path), SETTINGS, taps=[1, 2], max_verify=8)
+    feats = np.random.default_rng(3).standard_normal((20, 2 * target.model.n_embd)).astype(np.float32)
+    source = DFlashSource(Model(reduced), target.ctx, SETTINGS, target.model)
+    assert source._d2t is not None and source._d2t.tolist() == sorted(ids)
+    source.begin()
+    source.process(feats, 0)
+    rows = {}
+    for head_order in (True, False, True):
+        assert source.ctx.set_draft_vocab_logits(head_order)
+        assert source.ctx.logit_cols == (len(ids) if head_order else target.model.n_vocab)
+        source._d2t = source.driver.model.draft_vocab() if head_order else None
+        proposal = source.draft(5, feats.shape[0], 7, want_logits=True)
+        source._decode_block(5, feats.shape[0], 8)
+        rows[head_order] = (np.array(source.driver.logits(8)), proposal)
+        source.driver.drop_block(feats.shape[0])
+    (compact, by_head), (wide, by_vocab) = rows[True], rows[False]
+    assert compact.shape == (8, len(ids)) and wide.shape == (8, target.model.n_vocab)
+    assert np.array_equal(compact, wide[:, sorted(ids)])
+    assert by_head.tokens == by_vocab.tokens
+    assert np.array_equal(by_head.logits, by_vocab.logits)
+    source.close()
+    plain = DFlashSource(Model(full), target.ctx, SETTINGS, target.model)
+    assert plain._d2t is None and plain.ctx.logit_cols == target.model.n_vocab
+    plain.close()
+    target.close()
+
+
 def test_greedy_with_reduced_vocab_matches_plain(files):
     target_path, _, reduced, ids = files
     target = Target(Model(target_path), SETTINGS, taps=[1, 2], max_verify=8)

@@ -20,7 +20,7 @@ from types import ModuleType
 from . import build as _build
 from .cuda_status import explain as explain_cuda_start
 
-EXPECTED_API_VERSION = 2
+EXPECTED_API_VERSION = 3
 BUILD_HINT = "build it with `dflash-gguf build` (or `python tools/build_native.py`)"
 
 
@@ -97,6 +97,8 @@ class DFlashAPI:
         "llama_dflash_model_block_size": ([ctypes.c_void_p], ctypes.c_int32),
         "llama_dflash_model_mask_token": ([ctypes.c_void_p], ctypes.c_int32),
         "llama_dflash_set_markov_head_in_graph": ([ctypes.c_void_p, ctypes.c_bool], ctypes.c_int32),
+        "llama_dflash_model_draft_vocab": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32], ctypes.c_int32),
+        "llama_dflash_set_draft_vocab_logits": ([ctypes.c_void_p, ctypes.c_bool], ctypes.c_int32),
     }
 
     # llama-ext.h staging API of the pinned tree, C++ linkage: the DFlash2 selector lattice and the DSpark

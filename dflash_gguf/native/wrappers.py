@@ -157,6 +157,16 @@ class Model:
     def mask_token(self) -> int:
         return self.native.dflash.model_mask_token(self.ptr)
 
+    def draft_vocab(self) -> np.ndarray | None:
+        """A drafter's reduced draft vocabulary: the target token id of each head row (d2t), or None."""
+        api = self.native.dflash
+        n = api.model_draft_vocab(self.ptr, None, 0)
+        if n <= 0:
+            return None
+        out = np.empty(n, dtype=np.int64)
+        api.model_draft_vocab(self.ptr, out.ctypes.data, n)
+        return out
+
     # vocabulary -----------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         L = self.native.llama_cpp
@@ -268,6 +278,7 @@ class Context:
         self.memory = L.llama_get_memory(self.ptr)
         self.n_ctx = L.llama_n_ctx(self.ptr)
         self.n_vocab = model.n_vocab
+        self.logit_cols = model.n_vocab     # floats per logit row (a drafter's draft vocabulary, when asked)
         self._taps: list[int] = []
         self.taps_width = 0
         self._tap_buf: np.ndarray | None = None
@@ -288,12 +299,22 @@ class Context:
     def logits(self, i: int) -> np.ndarray:
         """Logits of output row i of the last decode (a view, valid until the next decode)."""
         ptr = self.native.llama_cpp.llama_get_logits_ith(self.ptr, i)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return np.ctypeslib.as_array(ptr, shape=(self.logit_cols,))
 
     def logits_all(self, n_outputs: int) -> np.ndarray:
-        """[n_outputs, n_vocab] view of all output rows of the last decode, in batch order."""
+        """[n_outputs, logit_cols] view of all output rows of the last decode, in batch order."""
         ptr = self.native.llama_cpp.llama_get_logits(self.ptr)
-        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab))
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.logit_cols))
+
+    def set_draft_vocab_logits(self, on: bool) -> bool:
+        """A drafter with a reduced draft vocabulary: logit rows of its head rows only, in d2t order (on), or
+        the vocabulary's rows with -inf outside it (off, llama.cpp's way). From the next decode; False, with
+        nothing changed, where the model has no d2t or chains a head over its logits (DSpark, DFlash2)."""
+        cols = self.native.dflash.set_draft_vocab_logits(self.ptr, on)
+        if cols <= 0:
+            return False
+        self.logit_cols = cols
+        return True
 
     def enable_nextn(self) -> None:
         """Copy the graph's "nextn" rows (every batch row) out of each decode: the DFlash2 selector lattice."""

@@ -20,6 +20,7 @@ class DFlashSource(DraftSource):
 
     member = DFLASH.name                          # the DFlash family member (DFlash2Source, DSparkSource override it)
     rates_by_probability = True                   # --draft-trim rates its slots by its top probabilities
+    reads_draft_vocab_rows = True                 # takes a reduced draft vocabulary's logits in head order
 
     def __init__(self, model: Model, target_ctx: Context, settings: ContextSettings, target_model: Model,
                  *, window: int | None = None):
@@ -40,6 +41,8 @@ class DFlashSource(DraftSource):
         self.n_vocab = target_model.n_vocab
         self.rates_slots = False
         self._columns: np.ndarray | None = None   # the draft vocabulary's logit columns, found at the first draft
+        # a reduced draft vocabulary's logits come in head order: row i's token is d2t[i]
+        self._d2t = self.driver.use_draft_vocab_rows() if self.reads_draft_vocab_rows else None
         # Kept rows wait here until the next draft needs them, or until a full injection batch is pending:
         # injected one row per decode they cost 68 us a row, in batches of 16 or more 17-18 us (measured:
         # shipped SmolLM2 drafter, one thread, 2-core EPYC; a plain step is ~5.7 ms). Capped at one ubatch,
@@ -106,11 +109,23 @@ class DFlashSource(DraftSource):
         whose later slots depend on the tokens drawn earlier; DFlash's slots do not, so it is unused here."""
         rows = self._decode_block(last_token, pos, n + 1)
         logits = self.driver.logits(rows)[1:n + 1]                     # row 0 is the anchor
-        proposal = Proposal([int(t) for t in logits.argmax(axis=1)], np.array(logits) if want_logits else None)
+        best = logits.argmax(axis=1)
+        if self._d2t is None:
+            proposal = Proposal([int(t) for t in best], np.array(logits) if want_logits else None)
+        else:
+            proposal = Proposal(self._d2t[best].tolist(), self._vocabulary_rows(logits) if want_logits else None)
         if self.rates_slots and n:
-            proposal.confidence = top_probabilities(logits, self._draft_columns(logits[0]))
+            columns = None if self._d2t is not None else self._draft_columns(logits[0])
+            proposal.confidence = top_probabilities(logits, columns)
         self.driver.drop_block(pos)
         return proposal
+
+    def _vocabulary_rows(self, logits: np.ndarray) -> np.ndarray:
+        """Draft-vocabulary logit rows [n, K] as the sampler takes them: [n, n_vocab], -inf outside d2t (what the
+        graph writes when it scatters them itself)."""
+        rows = np.full((logits.shape[0], self.n_vocab), -np.inf, dtype=np.float32)
+        rows[:, self._d2t] = logits
+        return rows
 
     def _draft_columns(self, row: np.ndarray) -> np.ndarray | None:
         """The finite columns of a drafter with a reduced draft vocabulary (its other logits are -inf); None when

@@ -24,6 +24,7 @@ from .dflash import DFlashSource
 class DFlash2Source(DFlashSource):
     member = DFLASH2.name
     rates_by_probability = False              # its selector walk drafts; it rates no slots
+    reads_draft_vocab_rows = False            # its selector reads the vocabulary's rows
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

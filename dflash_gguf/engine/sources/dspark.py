@@ -80,6 +80,7 @@ class NumpyMarkovHead:
 class DSparkSource(DFlashSource):
     member = DSPARK.name
     rates_by_probability = False              # its ratings come from its confidence head (--draft-confidence)
+    reads_draft_vocab_rows = False            # its Markov head biases the vocabulary's rows
 
     def __init__(self, *args, markov_in_graph: bool | None = None, **kwargs):
         """markov_in_graph: where the chain runs; None: in the graph when the drafter is offloaded to a GPU,
