@@ -63,7 +63,7 @@ def collect(args) -> None:
                 probe.driver.decode_block(c.seq[p], p, r)
                 logits = np.array(probe.driver.logits(r))[1:]
                 probe.driver.drop_block(p)
-                blocks[r][0][p], blocks[r][1][p] = logits.argmax(axis=1), top_probabilities(logits)
+                blocks[r][0][p], blocks[r][1][p] = probe.tokens(logits.argmax(axis=1)), top_probabilities(logits)
         data.append({"cat": c.row.get("category", "chat"), "n_prompt": c.n_prompt, "seq": c.seq, "blocks": blocks})
     probe.close()
     Path(args.out).write_bytes(pickle.dumps(data))

@@ -106,6 +106,32 @@ def test_head_order_rows_are_the_scattered_rows_bit_for_bit(files):
     target.close()
 
 
+def test_tau_probe_maps_head_order_rows_to_tokens(files):
+    """`bench --tau` (NativeDraftProbe) reads a reduced vocabulary's rows in head order too: its drafts are target
+    token ids, the engine source's at the same anchors. Breaks if the probe returns head-row indices."""
+    from dflash_gguf.bench.tau import NativeDraftProbe
+    target_path, _, reduced, ids = files
+    probe = NativeDraftProbe(target_path, reduced, n_threads=1)
+    settings = ContextSettings(n_ctx=probe.N_CTX, n_batch=64, n_ubatch=64, n_threads=1)
+    source = DFlashSource(Model(reduced), probe.tctx, settings, probe.target)
+    try:
+        assert probe.d2t is not None and probe.d2t.tolist() == sorted(ids)
+        seq, feats = probe.continuation([1] + [(5 * i) % 60 + 3 for i in range(30)], 16)
+        source.begin()
+        held, drafted = 0, []
+        for p in (4, 20, len(seq) - 2):
+            drafts = probe.draft_at(seq, feats, p)
+            source.process(feats[held:p], held)
+            held = p
+            assert drafts.tolist() == source.draft(seq[p], p, probe.block - 1, want_logits=False).tokens
+            drafted += drafts.tolist()
+        assert set(drafted) <= set(ids)                 # token ids, not head rows
+    finally:
+        source.close()
+        source.model.close()
+        probe.close()
+
+
 def test_greedy_with_reduced_vocab_matches_plain(files):
     target_path, _, reduced, ids = files
     target = Target(Model(target_path), SETTINGS, taps=[1, 2], max_verify=8)

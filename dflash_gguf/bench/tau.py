@@ -53,6 +53,7 @@ class NativeDraftProbe:
         self.driver = DrafterDriver(self.drafter, self.tctx, ContextSettings(n_ctx=self.N_CTX, n_batch=64, n_ubatch=64,
                                                                              n_threads=n_threads))
         self.taps, self.block = self.driver.taps, self.driver.block_size
+        self.d2t = self.driver.use_draft_vocab_rows()    # a reduced vocabulary's rows in head order, as the engine
         self.tbatch = Batch(self.target.native, 512)
         self.injected = 0
 
@@ -76,9 +77,13 @@ class NativeDraftProbe:
         self.injected = p
         self.driver.decode_block(seq[p], p, self.block)
         # rows 1..B-1: DFlash, and DSpark as `train --markov-rank` writes it (the graph applies its Markov chain)
-        drafts = np.asarray(self.driver.logits(self.block))[1:].argmax(axis=1)
+        drafts = self.tokens(np.asarray(self.driver.logits(self.block))[1:].argmax(axis=1))
         self.driver.drop_block(p)
         return drafts
+
+    def tokens(self, columns: np.ndarray) -> np.ndarray:
+        """Target token ids of logit columns of the last block (a reduced vocabulary's rows are in head order)."""
+        return columns if self.d2t is None else self.d2t[columns]
 
     def close(self) -> None:
         for obj in (self.tbatch, self.driver, self.tctx, self.drafter, self.target):
