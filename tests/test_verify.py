@@ -36,6 +36,53 @@ def test_transform_top_k_top_p_min_p():
         SamplingParams(temperature=1.0, top_p=0.0).validate()
 
 
+def _reference_transform(logits, params):
+    """The transform as first written: every row sorted whole (the definition the fast one must keep)."""
+    x = np.atleast_2d(np.asarray(logits, dtype=np.float64)) / params.temperature
+    keep = np.ones(x.shape, dtype=bool)
+    if params.top_k and params.top_k < x.shape[1]:
+        kth = np.partition(x, -params.top_k, axis=1)[:, -params.top_k][:, None]
+        keep &= x >= kth
+    x = np.where(keep, x, -np.inf)
+    p = np.exp(x - x.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    if params.top_p < 1.0:
+        order = np.argsort(-p, axis=1, kind="stable")
+        sorted_p = np.take_along_axis(p, order, axis=1)
+        mask = np.zeros(p.shape, dtype=bool)
+        np.put_along_axis(mask, order, np.cumsum(sorted_p, axis=1) - sorted_p < params.top_p, axis=1)
+        p = np.where(mask, p, 0.0)
+    if params.min_p > 0.0:
+        p = np.where(p >= params.min_p * p.max(axis=1, keepdims=True), p, 0.0)
+    return (p / p.sum(axis=1, keepdims=True)).reshape(np.shape(logits))
+
+
+@pytest.mark.parametrize("vocab", [7, 300, 5000])
+def test_the_transform_keeps_what_a_whole_sort_keeps(vocab):
+    """The transform works on candidates only (top-k's, then the largest probabilities top-p needs, cut by
+    min-p): the same tokens kept and the same probabilities as sorting every row whole, over peaked and flat
+    rows, tied logits (top-k's k-th value and top-p's order), and top-p prefixes far past its first 64
+    candidates. Breaks if ties are broken another way, if top-p stops short or runs on, or if min-p cuts
+    before top-p has counted the mass it removes."""
+    rng = np.random.default_rng(vocab)
+    rows = [rng.standard_normal(vocab) * scale for scale in (0.3, 3.0, 12.0)]
+    rows.append(np.round(rng.standard_normal(vocab) * 2) / 2)          # many ties
+    logits = np.stack(rows).astype(np.float32)
+    checked = 0
+    for temperature in (0.5, 1.0, 1.7):
+        for top_k in (0, 1, 5, 40, vocab + 3):
+            for top_p in (1.0, 0.99, 0.9, 0.5):
+                for min_p in (0.0, 0.05, 0.3):
+                    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+                    fast, ref = probs_from_logits(logits, params), _reference_transform(logits, params)
+                    assert np.array_equal(fast > 0, ref > 0), params
+                    np.testing.assert_allclose(fast, ref, rtol=1e-12, atol=0, err_msg=str(params))
+                    checked += 1
+    assert checked == 180
+    flat = probs_from_logits(logits[0], SamplingParams(temperature=1.0, top_p=0.9))
+    assert np.count_nonzero(flat) > min(256, vocab // 2)             # flat: the search grew past its first m
+
+
 def _first_token_distribution(p, q, n, seed):
     """Empirical distribution of the first emitted token over n verifications of one draft slot."""
     rng = np.random.default_rng(seed)

@@ -68,37 +68,77 @@ class SamplingParams:
 
 
 def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """Row-wise distribution after the sampling transform.
+    """Row-wise distribution after the sampling transform (llama.cpp's order: temperature, top-k, top-p, min-p).
 
     logits: [n, V] (or [V]) float32. Returns float64 probabilities of the same shape, each row
     summing to 1, zero outside the kept set. Greedy gives a one-hot row at the argmax.
+
+    Each row is worked on its candidates only: top-k's, then the fewest largest probabilities top-p needs
+    (`_top_p_prefix`), never a sort of the whole vocabulary. A full sort cost ~4 ms a row of 49,152 at
+    llama-server's defaults, most of a plain step on a small target and ~10x a verify of 8 rows.
     """
-    x = np.atleast_2d(np.asarray(logits, dtype=np.float64))
+    rows = np.atleast_2d(np.asarray(logits))
+    out = np.zeros(rows.shape, dtype=np.float64)    # calloc: only the pages written are touched
     if params.greedy:
-        out = np.zeros_like(x)
-        out[np.arange(x.shape[0]), x.argmax(axis=1)] = 1.0
+        out[np.arange(rows.shape[0]), rows.argmax(axis=1)] = 1.0
         return out.reshape(np.shape(logits))
-    x = x / params.temperature
-    keep = np.ones(x.shape, dtype=bool)
-    if params.top_k and params.top_k < x.shape[1]:
-        kth = np.partition(x, -params.top_k, axis=1)[:, -params.top_k][:, None]
-        keep &= x >= kth
-    x = np.where(keep, x, -np.inf)
-    p = np.exp(x - x.max(axis=1, keepdims=True))
-    p /= p.sum(axis=1, keepdims=True)
+    for r in range(rows.shape[0]):
+        columns, probs = _kept(rows[r], params)
+        if columns is None:
+            out[r] = probs
+        else:
+            out[r, columns] = probs
+    return out.reshape(np.shape(logits))
+
+
+def _kept(row: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
+    """(columns, probabilities) of one row of logits after temperature, top-k, top-p and min-p; columns None:
+    every column. Top-k is chosen on the row as given: dividing by a temperature keeps its order and its ties
+    (distinct float32 values stay distinct in float64), so the same columns are kept."""
+    columns = None
+    if params.top_k and params.top_k < row.size:
+        kth = np.partition(row, -params.top_k)[-params.top_k]
+        columns = np.flatnonzero(row >= kth)                 # ties with the k-th value are kept
+        row = row[columns]
+    x = row.astype(np.float64)
+    x /= params.temperature
+    x -= x.max()
+    p = np.exp(x, out=x)
+    p /= p.sum()
     if params.top_p < 1.0:
-        order = np.argsort(-p, axis=1, kind="stable")
-        sorted_p = np.take_along_axis(p, order, axis=1)
-        # keep the smallest prefix whose mass reaches top_p (the token that crosses it included)
-        before = np.cumsum(sorted_p, axis=1) - sorted_p
-        keep_sorted = before < params.top_p
-        mask = np.zeros_like(keep_sorted)
-        np.put_along_axis(mask, order, keep_sorted, axis=1)
-        p = np.where(mask, p, 0.0)
+        # min-p runs after top-p and keeps p >= min_p * max p, the largest entries too: what it would drop
+        # top-p need not sort
+        keep = _top_p_prefix(p, params.top_p, params.min_p * p.max())
+        columns = keep if columns is None else columns[keep]
+        p = p[keep]
     if params.min_p > 0.0:
-        p = np.where(p >= params.min_p * p.max(axis=1, keepdims=True), p, 0.0)
-    p /= p.sum(axis=1, keepdims=True)
-    return p.reshape(np.shape(logits))
+        keep = np.flatnonzero(p >= params.min_p * p.max())
+        if keep.size < p.size:
+            columns = keep if columns is None else columns[keep]
+            p = p[keep]
+    return columns, p / p.sum()
+
+
+def _top_p_prefix(p: np.ndarray, top_p: float, floor: float = 0.0) -> np.ndarray:
+    """Ascending indices of the smallest prefix of p sorted by descending probability (ties: lower index first)
+    whose mass before each of its entries is below top_p (the entry that crosses it included), cut at entries
+    below `floor`. Sorts only the entries at or above the floor, else the m largest and every entry tied with the
+    m-th, m growing until the prefix ends inside them: never the whole row for a peaked distribution."""
+    m = 64
+    while True:
+        if floor > 0.0:
+            sel = np.flatnonzero(p >= floor)
+        elif m >= p.size:
+            sel = np.arange(p.size)
+        else:
+            sel = np.flatnonzero(p >= np.partition(p, p.size - m)[p.size - m])
+        order = sel[np.argsort(-p[sel], kind="stable")]
+        sorted_p = p[order]
+        before = np.cumsum(sorted_p) - sorted_p
+        n_kept = int(np.count_nonzero(before < top_p))
+        if n_kept < order.size or sel.size == p.size or floor > 0.0:
+            return np.sort(order[:n_kept])
+        m *= 4
 
 
 def sample(p: np.ndarray, rng: np.random.Generator) -> int:
