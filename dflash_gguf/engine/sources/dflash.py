@@ -40,7 +40,6 @@ class DFlashSource(DraftSource):
         self.short_blocks = False
         self.n_vocab = target_model.n_vocab
         self.rates_slots = False
-        self._columns: np.ndarray | None = None   # the draft vocabulary's logit columns, found at the first draft
         # a reduced draft vocabulary's logits come in head order: row i's token is d2t[i]
         self._d2t = self.driver.use_draft_vocab_rows() if self.reads_draft_vocab_rows else None
         # Kept rows wait here until the next draft needs them, or until a full injection batch is pending:
@@ -115,8 +114,7 @@ class DFlashSource(DraftSource):
         else:
             proposal = Proposal(self._d2t[best].tolist(), self._vocabulary_rows(logits) if want_logits else None)
         if self.rates_slots and n:
-            columns = None if self._d2t is not None else self._draft_columns(logits[0])
-            proposal.confidence = top_probabilities(logits, columns)
+            proposal.confidence = top_probabilities(logits)      # head-order rows: the draft vocabulary only
         self.driver.drop_block(pos)
         return proposal
 
@@ -126,14 +124,6 @@ class DFlashSource(DraftSource):
         rows = np.full((logits.shape[0], self.n_vocab), -np.inf, dtype=np.float32)
         rows[:, self._d2t] = logits
         return rows
-
-    def _draft_columns(self, row: np.ndarray) -> np.ndarray | None:
-        """The finite columns of a drafter with a reduced draft vocabulary (its other logits are -inf); None when
-        every column is finite."""
-        if self._columns is None:
-            finite = np.flatnonzero(np.isfinite(row))
-            self._columns = finite if finite.size < row.size else np.empty(0, dtype=np.int64)
-        return self._columns if self._columns.size else None
 
     def _decode_block(self, last_token: int, pos: int, needed: int) -> int:
         """Decode `[last, MASK…]` at pos; returns its row count. The full trained block (the drafter saw
