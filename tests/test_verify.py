@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dflash_gguf.engine.sampling import SamplingParams, probs_from_logits, sample
+from dflash_gguf.engine.sampling import SamplingParams, pick, probs_from_logits, sample
 from dflash_gguf.engine.verify import verify_greedy, verify_stochastic
 
 
@@ -81,6 +81,29 @@ def test_the_transform_keeps_what_a_whole_sort_keeps(vocab):
     assert checked == 180
     flat = probs_from_logits(logits[0], SamplingParams(temperature=1.0, top_p=0.9))
     assert np.count_nonzero(flat) > min(256, vocab // 2)             # flat: the search grew past its first m
+
+
+def test_pick_draws_the_token_a_draw_from_the_dense_row_gives():
+    """`pick` draws among the kept columns only: for every setting and random number it returns the token that
+    `sample` draws from the transform's dense row with the same generator state, and leaves the generator where
+    that draw does. Breaks if it returns a position among the kept columns rather than its token, or draws in
+    another order."""
+    rng = np.random.default_rng(7)
+    rows = [rng.standard_normal(3000) * scale for scale in (0.3, 3.0)]
+    rows.append(np.round(rng.standard_normal(3000) * 2) / 2)
+    checked = 0
+    for row in np.stack(rows).astype(np.float32):
+        for params in (SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+                       SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9),
+                       SamplingParams(temperature=1.3, top_k=5), SamplingParams(temperature=0.5, min_p=0.1)):
+            dense = probs_from_logits(row, params)
+            for seed in range(40):
+                a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+                token = pick(row, params, a)
+                assert token == sample(dense, b) and dense[token] > 0, (params, seed)
+                assert a.random() == b.random()
+                checked += 1
+    assert checked == 600
 
 
 def _first_token_distribution(p, q, n, seed):

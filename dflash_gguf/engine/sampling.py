@@ -154,7 +154,13 @@ def draw(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -
 
 
 def pick(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator | None) -> int:
-    """The next token from one row of logits [V]: the argmax when greedy, else a draw after the transform."""
+    """The next token from one row of logits [V]: the argmax when greedy, else a draw after the transform.
+
+    The draw runs over the transform's kept columns only, in ascending order: the token `sample` draws from the
+    dense row with the same random number (its zeros add nothing to the running sum), without allocating the
+    row and summing the whole vocabulary (~0.2 ms a token on SmolLM2's 49,152)."""
     if params.greedy:
         return int(np.argmax(logits))
-    return sample(probs_from_logits(logits, params), rng)
+    columns, probs = _kept(np.asarray(logits), params)
+    i = sample(probs, rng)
+    return i if columns is None else int(columns[i])
