@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 
-def top_probabilities(logits: np.ndarray, columns: np.ndarray | None = None) -> np.ndarray:
-    """[n] the largest softmax probability of each row of `logits` [n, V]; `columns`: only those columns are
-    finite (a drafter with a reduced draft vocabulary writes -inf elsewhere), so the softmax reads only them."""
-    rows = np.asarray(logits if columns is None else logits[:, columns], dtype=np.float32)
+def top_probabilities(logits: np.ndarray) -> np.ndarray:
+    """[n] the largest softmax probability of each row of `logits` [n, V] (a reduced draft vocabulary's rows in head
+    order, or rows with -inf outside it: those columns add nothing)."""
+    rows = np.asarray(logits, dtype=np.float32)
     top = rows.max(axis=1, keepdims=True)
     return (1.0 / np.exp(rows - top).sum(axis=1)).astype(np.float64)
 
