@@ -4,7 +4,8 @@ precision (Q4_1 with its Q8_0 output head, F16, F32, Q4_0, Q4_K_M, IQ4_NL, IQ4_X
 Q4_K_M; F16 / F32 / Q8_0 KV caches; a short context and one past 512 cells
 (where ggml's CPU flash attention used to split a single row's KV over threads); at one thread as well, where our
 flash attention gives a unit of work all of SmolLM2's 3 K/V heads up to B = 7 and one K/V head from B = 8, so rows
-taken both ways are compared. This is what makes
+taken both ways are compared; and the same logits at 1, 2 and 3 threads past several of flash attention's chunks of
+positions, which the threads split between them where a row's heads are too few to keep them busy. This is what makes
 greedy speculative decoding equal plain decoding on every x86 CPU, not only mostly."""
 
 import numpy as np
@@ -56,3 +57,29 @@ def test_verify_rows_equal_single_token_logits(precision, kv, n_context, n_threa
                                     f"{np.abs(rows[i] - alone[i]).max():.3g})")
         target.keep(0, b)
     target.close()
+
+
+# Flash attention sums a row's positions in chunks of 128 and folds the chunks' softmax states in order; where a
+# token's K/V heads are too few for the threads (SmolLM2: 3 on 2 threads; Gemma 3: 1) the threads take the chunks
+# of one row side by side and fold them after. One thread never splits, so the same tokens at 1, 2 and 3 threads, alone
+# and as a verify of 16, compare the split with the unsplit sums (a fold out of order fails this).
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["q4_k_m", "gemma3"])
+def test_logits_equal_at_every_thread_count(precision):
+    model = Model(_target_file(precision))
+    tokens = _tokens(model, 1500 + MAX_B)
+    context, block = tokens[:1500], tokens[1500:]
+    logits = {}
+    for n_threads in (1, 2, 3):
+        target = Target(model, ContextSettings(n_ctx=2048, n_batch=256, n_ubatch=256, n_threads=n_threads),
+                        max_verify=MAX_B)
+        target.prefill(context, None)
+        alone = [np.array(target.decode_rows([t])[0]) for t in block[:4]]
+        target.keep(0, len(alone))
+        logits[n_threads] = (np.array(alone), np.array(target.decode_rows(block)))
+        target.close()
+    for n_threads in (2, 3):
+        for what, got, want in zip(("alone", "verify of 16"), logits[n_threads], logits[1]):
+            diff = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+            assert diff.size == 0, (f"{precision}, context 1500, {n_threads} threads: {diff.size} logits of the tokens "
+                                    f"{what} differ from one thread's")

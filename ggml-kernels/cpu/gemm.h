@@ -85,6 +85,11 @@ bool dflash_cpu_quantize_row_q8_K(const float * x, void * y, int64_t k);
 
 bool dflash_cpu_batch_invariant(void);
 
+// Bytes of the work buffer flash attention's split takes beyond its threads' scratch (defined in patches/0012's
+// ops.cpp): the softmax states of each chunk of a row's positions, when the threads split a row's positions; 0
+// where it never splits that op.
+size_t dflash_fa_rows_split_wsize(const struct ggml_tensor * dst);
+
 // Whether the AVX-512 variant steps the K-quants' tiles (Q4_K, Q5_K, Q6_K, IQ4_XS) two at a time, 16 rows in a
 // __m512, for batches of 4 columns and more. Chosen at first use: on where the core runs 512-bit dot steps as fast as
 // 256-bit ones (two 512-bit units: Intel Xeon Scalable; 8 columns of Q4_K 0.53x the time of 8-row tiles on an Emerald
