@@ -33,11 +33,15 @@ OUT = ROOT / "dflash_gguf" / "assets" / "smollm2-135m-instruct.dflash-q8_0.gguf"
 EVAL = ROOT.parent / "shared" / "prompts"
 
 ap = argparse.ArgumentParser(description=__doc__)
+ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="prompt file to harvest and train on (default: "
+                "the shipped set; lab/make_everyday_mix.py writes the everyday continuation's)")
 ap.add_argument("--harvest-minutes", type=float, default=None, help="stop the harvest after this long")
 ap.add_argument("--tokens", type=int, default=None, help="stop the harvest when the dataset holds this many tokens")
 ap.add_argument("--parallel", type=int, default=16, help="sequences generated together (lab/harvest_throughput.py)")
 ap.add_argument("--rows", type=int, default=3_300_000, help="labelled rows to train on")
 ap.add_argument("--minutes", type=float, default=None, help="stop training after this long (resume later)")
+ap.add_argument("--schedule-minutes", type=float, default=None, help="a time-boxed run: warm-up and cosine over "
+                "this many minutes of training, which then ends (instead of over --rows)")
 ap.add_argument("--seqs-per-step", type=int, default=1, help="sequences per optimizer step; at a fixed row "
                 "budget more, smaller steps trained better here (docs/scaling.json)")
 ap.add_argument("--n-layers", type=int, default=recipe.N_LAYERS, help="drafter layers (each costs a draft call "
@@ -88,12 +92,13 @@ if a.threads:
     torch.set_num_threads(a.threads)
 target = smollm2_q4_1()
 target_file = TargetFile.open(target)
-prompts = load(DEFAULT_PROMPTS)
+prompts = load(a.prompts)
 data = dataset_dir(target_file.sha256, prompts_sha256(prompts), SEED)
 work = a.work_dir or cache_root() / "train" / f"smollm2-default-{data.name}"
 harvest = recipe.harvest_settings(n_threads=a.threads, n_parallel=a.parallel)
 train = TrainSettings(n_layers=a.n_layers, block_size=recipe.BLOCK_SIZE, rows=a.rows, lr=a.lr, warmup=0.03, anchors_per_seq=a.anchors,
                       seqs_per_step=a.seqs_per_step, seed=a.train_seed, max_seconds=a.minutes * 60 if a.minutes else None,
+                      schedule_seconds=a.schedule_minutes * 60 if a.schedule_minutes else None,
                       eval_every=2000, eval_seqs=a.eval_seqs, ckpt_minutes=5.0, distill=a.distill,
                       tv=a.tv, cut_at_first_error=a.cut_at_first_error, supervised_slots=a.supervised_slots,
                       gamma=a.gamma, short_blocks=a.short_blocks, markov_rank=a.markov_rank,
@@ -152,7 +157,7 @@ record = train_drafter(target_file, a.out, prompts, work, taps=TAPS, harvest_set
                        data_dir=data, harvest_seconds=a.harvest_minutes * 60 if a.harvest_minutes is not None else None,
                        init_drafter=a.init_drafter, snapshots=tuple(a.snapshots),
                        on_snapshot=snapshot if a.snapshots and a.eval_prompts and EVAL.is_dir() else None,
-                       data_note=f"{DEFAULT_PROMPTS.relative_to(ROOT)} (licences in dflash_gguf/corpus/data/README.md); "
+                       data_note=f"{portable(str(a.prompts.resolve()))} (licences in dflash_gguf/corpus/data/README.md); "
                                  "responses written by the target")
 if a.eval_prompts and EVAL.is_dir():
     record["engine_tau"] = measure(a.out).to_json() | {

@@ -79,6 +79,20 @@ def test_few_steps_lower_loss_and_export_decodes_losslessly(tmp_path):
     assert res.tokens == ref.tokens
     assert record["val_tau_estimate"] >= 1.0
 
+    # Continued on data that writes other tokens, the drafter keeps the vocabulary its layers propose; a new
+    # drafter (or another size) counts its vocabulary on the data.
+    from dflash_gguf.train.dataset import FeatureDataset
+    from dflash_gguf.train.pipeline import build_trainer
+    own = np.sort(np.asarray(dm.draft_vocab(), np.int64))
+    data = FeatureDataset(tmp_path / "work" / "data")
+    data.written_tokens = lambda ids: np.repeat(np.arange(tm.n_vocab - 40, tm.n_vocab), 5)
+    with TargetFile.open(target) as tf:
+        _, counted = build_trainer(tf, data, settings, draft_vocab=40)
+        _, kept = build_trainer(tf, data, settings, draft_vocab=40, init_drafter=out)
+        _, resized = build_trainer(tf, data, settings, draft_vocab=39, init_drafter=out)
+    assert not np.array_equal(counted.token_ids, own) and np.array_equal(kept.token_ids, own)
+    assert resized.size == 39 and set(resized.token_ids.tolist()) <= set(counted.token_ids.tolist())
+
 
 def test_taps_auto_is_the_official_formula_shifted_to_tap_ids_and_bad_specs_are_user_errors():
     from dflash_gguf.errors import UserError

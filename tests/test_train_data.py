@@ -209,6 +209,31 @@ def test_shipped_prompt_set_is_large_diverse_licensed_and_never_overlaps_the_eva
     assert not [r["prompt"][:80] for r in rows if filt.overlaps(r["prompt"])]
 
 
+def test_everyday_mix_is_what_its_script_writes_and_never_overlaps_the_evaluation_prompts(tmp_path):
+    import subprocess
+    import sys
+
+    from dflash_gguf.corpus.prompts import DATA, DEFAULT_PROMPTS, load
+    from lab.corpus.overlap import EvalFilter
+    shipped = DATA / "everyday-mix.jsonl.gz"
+    rows = load(shipped)
+    root = __import__("pathlib").Path(__file__).resolve().parent.parent
+    out = tmp_path / "mix.jsonl"
+    subprocess.run([sys.executable, str(root / "lab" / "make_everyday_mix.py"), "--out", str(out), "--eval", str(EVAL)],
+                   check=True, capture_output=True)
+    assert load(out) == rows                                              # reproducible from the seeded script
+    assert len({r["prompt"] for r in rows}) == len(rows)
+    assert all(r["licence"] and r["source"] and r["format"] in ("completion", "chat") for r in rows)
+    everyday = [r for r in rows if r["source"].startswith("everyday:")]
+    stories = [r for r in rows if r["source"].startswith("template:story")]
+    assert len(everyday) >= 2000 and len(stories) >= 300
+    trained_part = {r["prompt"] for r in load(DEFAULT_PROMPTS)[:6408]}
+    replay = [r for r in rows if r not in everyday and r not in stories]
+    assert replay and all(r["prompt"] in trained_part for r in replay)    # replay only from what it was trained on
+    filt = EvalFilter(_eval_prompts())
+    assert not [r["prompt"][:80] for r in rows if filt.overlaps(r["prompt"])]
+
+
 def test_the_overlap_filter_finds_an_evaluation_prompt_inside_other_text():
     from lab.corpus.overlap import EvalFilter
     evals = _eval_prompts()

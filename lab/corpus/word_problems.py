@@ -54,3 +54,45 @@ def word_problem_rows(n: int, rng) -> list[dict]:
         rows.append({"category": "math", "format": "chat", "source": f"template:{i % len(_TEMPLATES)}",
                      "licence": "MIT (dflash-gguf)", "prompt": text})
     return rows
+
+# Longer, story-like problems with three or four steps (2026-11-30): the first 30 are short and of few shapes.
+_STORY_TEMPLATES = [
+    "{p} is planning a party for {a}0 guests. Each guest will eat {b} slices of pizza, and each pizza has 8 slices. Pizzas cost ${c} each. How much will {p} spend on pizza?",
+    "{p} wants to buy a bike that costs ${a}00. {p} already saved ${b}0 and earns ${c}0 a week walking dogs. How many weeks until {p} can buy the bike?",
+    "A {place} received {a}00 {t} on Monday. It sold a third of them on Tuesday and {b}0 more on Wednesday. How many are left?",
+    "{p} drives {a}0 miles to work and back each day, five days a week. The car goes {b}0 miles on a gallon, and gas costs ${c} a gallon. How much does {p} spend on gas in four weeks?",
+    "{p} has {a} hours of homework this week. {p} does {b}0 minutes on Monday and twice as long on Tuesday. How many minutes are left?",
+    "In a class of {a}0 students, {b}0 percent walk to school, a quarter of the rest come by bus, and the others are driven. How many students are driven?",
+    "{p} bought {a} notebooks at ${b} each and {c} pens at $1.50 each, and paid with a $50 bill. How much change did {p} get?",
+    "A farmer has {a}0 cows. Each cow gives {b} liters of milk a day, and the farmer sells milk at $2 a liter. How much money does the farmer make in a week?",
+    "{p} reads a {a}00-page book. On the first day {p} reads {b}0 pages, and each day after {p} reads 10 more pages than the day before. How many days does it take to finish the book?",
+    "{p} is {a} times as old as {q}. In {b} years {p} will be {c}0 years old. How old is {q} now?",
+    "A {place} pays its {a} workers ${b}{c} a day each. How much does it pay them all in a month of 22 working days?",
+    "{p} fills a pool that holds {a}000 liters using two hoses. One hose gives {b}0 liters a minute and the other {c}0. How many minutes does it take?",
+    "{p} sold {a}0 cups of lemonade on Saturday and half as many on Sunday. Each cup sold for 75 cents and the lemons cost ${b}. What was the profit?",
+    "A school trip costs ${a}0 per student plus ${b}00 for the bus. If {c}0 students go, how much does each student pay when the bus is shared equally?",
+    "{p} runs {a} kilometers on Monday, {b} more on Tuesday than on Monday, and half of Tuesday's distance on Wednesday. How far does {p} run in the three days?",
+    "A movie theater has {a} rows of {b}0 seats. For one show {c}0 percent of the seats were sold at ${d}2 each. How much money did the show bring in?",
+    "{p} has a garden with {a} tomato plants. Each plant grows {b}0 tomatoes, and {p} gives away {c}0 tomatoes to neighbors. The rest are packed 6 to a box. How many boxes does {p} fill?",
+    "{p} earns ${a}0 a day and saves a fifth of it. {p} wants to buy a ${b}00 camera. How many days must {p} work?",
+    "A baker makes {a}0 loaves a day and sells each for ${b}. Flour for each loaf costs 80 cents and other costs are ${c}0 a day. How much does the baker earn in a week of six days?",
+    "{p} is saving for a trip. The flight costs ${a}00, the hotel is ${b}0 a night for {c} nights, and food is ${d}0 a day. How much does the whole trip cost?",
+    "A phone plan costs ${a}0 a month plus ${b} for every gigabyte over 5. {p} used {c}+5 gigabytes last month. What was the bill?",
+    "{p} and {q} are painting a fence. {p} paints {a} meters an hour and {q} paints {b} meters an hour. The fence is {c}0 meters long. How long does it take them together?",
+    "{p} has ${a}0 in a piggy bank: quarters, dimes and nickels. There are {b}0 quarters and {c}0 dimes. How many nickels are there?",
+    "A water park charges ${a}{b} for adults and half that for children. A family of two adults and {c} children visits. How much do they pay?",
+]
+
+
+def story_problem_rows(n: int, rng) -> list[dict]:
+    """n problems from the longer templates, each template in turn."""
+    rows = []
+    for i in range(n):
+        p, q = rng.sample(_PEOPLE, 2)
+        k = i % len(_STORY_TEMPLATES)
+        text = _STORY_TEMPLATES[k].format(
+            p=p, q=q, t=rng.choice(_THINGS), place=rng.choice(_PLACES),
+            a=rng.randint(2, 9), b=rng.randint(2, 9), c=rng.randint(2, 9), d=rng.randint(1, 9))
+        rows.append({"category": "math", "format": "chat", "source": f"template:story{k}",
+                     "licence": "MIT (dflash-gguf)", "prompt": text})
+    return rows
