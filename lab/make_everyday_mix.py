@@ -5,6 +5,7 @@ the shipped prompt set the shipped drafter was trained on, so that it keeps what
 against the evaluation prompts (../shared/prompts: no shared 8-word run)."""
 
 import argparse
+import gzip
 import json
 import random
 import sys
@@ -39,5 +40,6 @@ for r in rng.sample(fresh, int(a.multi_turn * len(fresh))):
 fresh += word_problems.story_problem_rows(a.stories, rng)
 replay = rng.sample(load(DEFAULT_PROMPTS)[:TRAINED_PART], a.replay)
 rows = build.clean(fresh + replay, eval_prompts, a.seed)
-a.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+text = "".join(json.dumps(r) + "\n" for r in rows).encode("utf-8")
+a.out.write_bytes(gzip.compress(text, compresslevel=9, mtime=0) if a.out.suffix == ".gz" else text)
 print(json.dumps(build.summary(rows)), f"dropped {len(fresh) + len(replay) - len(rows)}")

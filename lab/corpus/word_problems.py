@@ -45,13 +45,19 @@ _TEMPLATES = [
 
 
 def word_problem_rows(n: int, rng) -> list[dict]:
+    return _filled(_TEMPLATES, n, rng, "template:", a_max=12)
+
+
+def _filled(templates: list[str], n: int, rng, source: str, a_max: int) -> list[dict]:
+    """n problems, each template in turn, with people, things and numbers drawn from rng."""
     rows = []
     for i in range(n):
         p, q = rng.sample(_PEOPLE, 2)
-        text = _TEMPLATES[i % len(_TEMPLATES)].format(
+        k = i % len(templates)
+        text = templates[k].format(
             p=p, q=q, t=rng.choice(_THINGS), place=rng.choice(_PLACES),
-            a=rng.randint(2, 12), b=rng.randint(2, 9), c=rng.randint(2, 9), d=rng.randint(1, 9))
-        rows.append({"category": "math", "format": "chat", "source": f"template:{i % len(_TEMPLATES)}",
+            a=rng.randint(2, a_max), b=rng.randint(2, 9), c=rng.randint(2, 9), d=rng.randint(1, 9))
+        rows.append({"category": "math", "format": "chat", "source": f"{source}{k}",
                      "licence": "MIT (dflash-gguf)", "prompt": text})
     return rows
 
@@ -86,13 +92,4 @@ _STORY_TEMPLATES = [
 
 def story_problem_rows(n: int, rng) -> list[dict]:
     """n problems from the longer templates, each template in turn."""
-    rows = []
-    for i in range(n):
-        p, q = rng.sample(_PEOPLE, 2)
-        k = i % len(_STORY_TEMPLATES)
-        text = _STORY_TEMPLATES[k].format(
-            p=p, q=q, t=rng.choice(_THINGS), place=rng.choice(_PLACES),
-            a=rng.randint(2, 9), b=rng.randint(2, 9), c=rng.randint(2, 9), d=rng.randint(1, 9))
-        rows.append({"category": "math", "format": "chat", "source": f"template:story{k}",
-                     "licence": "MIT (dflash-gguf)", "prompt": text})
-    return rows
+    return _filled(_STORY_TEMPLATES, n, rng, "template:story", a_max=9)
