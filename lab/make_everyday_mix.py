@@ -14,10 +14,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS, load  # noqa: E402
+from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS, TRAINED_PART, load  # noqa: E402
 from lab.corpus import build, everyday, word_problems  # noqa: E402
-
-TRAINED_PART = 6408          # the shipped drafter's harvest took the v2 set's first 6,408 prompts in order
+from lab.corpus.overlap import eval_prompts_in  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__)
 ap.add_argument("--out", type=Path, required=True)
@@ -29,10 +28,9 @@ ap.add_argument("--seed", type=int, default=20261130)
 ap.add_argument("--eval", type=Path, default=ROOT.parent / "shared" / "prompts")
 a = ap.parse_args()
 
-eval_files = sorted(a.eval.glob("*.jsonl"))
-if not eval_files:
+eval_prompts = eval_prompts_in(a.eval)
+if not eval_prompts:
     sys.exit(f"{a.eval}: no evaluation prompts (*.jsonl) to exclude; pass --eval")
-eval_prompts = [json.loads(x)["prompt"] for f in eval_files for x in f.read_text().splitlines() if x.strip()]
 rng = random.Random(a.seed)
 fresh = everyday.everyday_rows(a.everyday, rng)
 for r in rng.sample(fresh, int(a.multi_turn * len(fresh))):

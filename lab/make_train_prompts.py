@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from dflash_gguf.paths import cache_root  # noqa: E402
 from lab.corpus import build  # noqa: E402
+from lab.corpus.overlap import eval_prompts_in  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__)
 ap.add_argument("--seed", type=int, default=20261123)
@@ -36,10 +37,9 @@ for f in fields(build.Mix):
     ap.add_argument(f"--{f.name.replace('_', '-')}", type=int, default=f.default)
 a = ap.parse_args()
 
-eval_files = sorted(a.eval.glob("*.jsonl"))
-if not eval_files:
+eval_prompts = eval_prompts_in(a.eval)
+if not eval_prompts:
     sys.exit(f"{a.eval}: no evaluation prompts (*.jsonl) to exclude; pass --eval")
-eval_prompts = [json.loads(x)["prompt"] for f in eval_files for x in f.read_text().splitlines() if x.strip()]
 mix = build.Mix(**{f.name: getattr(a, f.name) for f in fields(build.Mix)})
 rows, requests = build.source_rows(mix, a.seed, eval_prompts, [a.wheels] if a.wheels.is_dir() else [])
 print(f"stage 1: {len(rows)} prompts, {len(requests)} self-instruct requests", file=sys.stderr)

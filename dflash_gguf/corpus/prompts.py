@@ -16,8 +16,10 @@ def load(path: Path) -> list[dict]:
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     return [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
 
-# The shipped drafter's harvest takes the default set in order and stopped at 6,408 sequences (--tokens 1400000,
-# dflash_gguf/assets/README.md): prompts from this index on were never its training data.
+# The shipped drafter's first harvest took the default set in order and stopped at 6,408 sequences (--tokens 1400000,
+# dflash_gguf/assets/README.md): its first TRAINED_PART prompts are what it was trained on, and prompts from
+# HELD_BACK_FROM on were never its training data.
+TRAINED_PART = 6408
 HELD_BACK_FROM = 8000
 
 

@@ -6,6 +6,9 @@ that shares an 8-word run with one."""
 
 from __future__ import annotations
 
+_PLACES = ["Japan", "Italy", "Iceland", "Morocco", "Peru", "Canada", "New Zealand", "Kenya", "Portugal", "Vietnam",
+           "Norway", "Mexico", "Greece", "Scotland", "Chile", "Egypt", "Thailand", "Ireland", "Australia", "India"]
+
 _TOPICS = [
     "learning to cook", "saving money", "running a first marathon", "keeping houseplants alive", "moving to a new city",
     "starting a vegetable garden", "working from home", "learning a second language", "adopting a rescue dog",
@@ -34,9 +37,7 @@ _TOPICS = [
     "a four-day work week", "school uniforms", "homework", "zoos", "space tourism", "tiny houses", "city parks",
     "a local library", "a neighborhood cleanup", "a charity bake sale", "a science fair", "a book club",
     "a family reunion", "a company picnic", "a school play", "a hiking club", "a community garden",
-    "Japan", "Italy", "Iceland", "Morocco", "Peru", "Canada", "New Zealand", "Kenya", "Portugal", "Vietnam",
-    "Norway", "Mexico", "Greece", "Scotland", "Chile", "Egypt", "Thailand", "Ireland", "Australia", "India",
-]
+] + _PLACES
 
 _ROLES = [
     "a tour guide", "a chef", "a personal trainer", "a librarian", "a ship captain", "a detective",
@@ -100,8 +101,6 @@ _TRIP_FORMS = [
     "Plan a {n}-day trip to {place} for a family with two children.",
     "What should I pack for a trip to {place} in the {season}?",
 ]
-_PLACES = ["Japan", "Italy", "Iceland", "Morocco", "Peru", "Canada", "New Zealand", "Kenya", "Portugal", "Vietnam",
-           "Norway", "Mexico", "Greece", "Scotland", "Chile", "Egypt", "Thailand", "Ireland", "Australia", "India"]
 _SEASONS = ["spring", "summer", "autumn", "winter"]
 
 

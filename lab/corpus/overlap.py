@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 NGRAM = 8
 
@@ -23,3 +25,9 @@ class EvalFilter:
 
     def overlaps(self, text: str) -> bool:
         return not self.grams.isdisjoint(_ngrams(text, self.n))
+
+
+def eval_prompts_in(folder: Path) -> list[str]:
+    """The prompts of every *.jsonl in `folder` (../shared/prompts); [] when it holds none."""
+    return [json.loads(x)["prompt"] for f in sorted(folder.glob("*.jsonl")) for x in f.read_text().splitlines()
+            if x.strip()]
