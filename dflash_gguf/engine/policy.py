@@ -66,6 +66,8 @@ class CostCurve:
     t_cold: dict[int, float] = field(default_factory=dict)
     shape: dict[int, float] = field(init=False, repr=False, compare=False)   # t(B)/t(1) as first measured
     shape_cold: dict[int, float] = field(init=False, repr=False, compare=False)
+    # Counts the timings that moved a price against t(1); `rescale` moves every price alike and leaves it.
+    version: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         t1 = self.t.get(1)
@@ -103,6 +105,7 @@ class CostCurve:
             if implied < self.t[1]:
                 self.rescale(_smoothed(self.t[1], implied, self.smoothing))
         table[b] = _smoothed(table.get(b), seconds, self.smoothing)
+        self.version += 1
 
     def rescale(self, t1: float) -> None:
         """Move t(1) to `t1` and every other price by the same factor. The machine's speed moves all of them
@@ -114,6 +117,7 @@ class CostCurve:
         old = self.t.get(1)
         if not old:
             self.t[1] = t1
+            self.version += 1
             return
         factor = t1 / old
         for table in (self.t, self.t_cold, self.t_draft_n):
@@ -126,6 +130,7 @@ class CostCurve:
             self.t_draft_n[n] = _smoothed(self.t_draft_n.get(n), seconds, self.smoothing)
         else:
             self.t_draft = _smoothed(self.t_draft, seconds, self.smoothing)
+        self.version += 1
 
     def ratios(self) -> dict[int, float]:
         return {b: self.t[b] / self.t[1] for b in sorted(self.t)}
@@ -236,18 +241,28 @@ class SlotAcceptance:
 
     def __post_init__(self):
         self.counts = SlotCounts.zeros(self.n_slots)
+        self.updates = 0
 
     def update(self, n_drafted: int, n_accepted: int) -> None:
         self.counts.scale(self.decay)
         self.counts.record(n_drafted, n_accepted)
+        self.updates += 1
 
     def alpha(self) -> np.ndarray:
         c = self.counts
         return (c.accepted + self.prior_accept * self.prior_weight) / (c.tried + self.prior_weight)
 
-    def carried(self) -> "SlotAcceptance":
-        """A fresh estimate with this one's α as its prior, at the prior's weight."""
-        return SlotAcceptance(self.n_slots, self.alpha(), self.prior_weight, self.decay)
+    def carried(self, weight: float | None = None) -> "SlotAcceptance":
+        """A fresh estimate with this one's α as its prior, at `weight` (default: the prior's weight)."""
+        return SlotAcceptance(self.n_slots, self.alpha(), self.prior_weight if weight is None else weight,
+                              self.decay)
+
+    def draw_first(self, rng: np.random.Generator) -> float:
+        """α1 drawn from its Beta posterior: the prior's pseudo-counts plus the decayed counts."""
+        prior = float(np.ravel(self.prior_accept)[0]) * self.prior_weight
+        hits = float(self.counts.accepted[0]) + prior
+        misses = float(self.counts.tried[0]) + self.prior_weight - hits
+        return float(rng.beta(max(hits, 1e-3), max(misses, 1e-3)))
 
     def expected_tokens(self) -> np.ndarray:
         """E(n) for n = 0..n_slots: 1 + Σ_{j≤n} Π_{k≤j} α_k."""
@@ -311,10 +326,19 @@ class DraftLengthPolicy:
     `choose_step` also weighs its continuation against the drafter and plain decoding."""
 
     def __init__(self, draft_max: int, draft_min: int = 1, *, adaptive: bool = True,
-                 cost: CostCurve | None = None, probe_every: int = 16, margin: float = 0.03, recheck: int = 32,
-                 lookup_max: int | None = None):
+                 cost: CostCurve | None = None, probe_every: int = 16, margin: float = 0.03, recheck: int = 1,
+                 lookup_max: int | None = None, explore: bool = True, carry_weight: float = 8.0, seed: int = 0):
         """lookup_max: most tokens of a lookup continuation one verify takes (adaptive only; default draft_max):
-        a text that repeats itself is worth long verifies where the drafter's block ends long before."""
+        a text that repeats itself is worth long verifies where the drafter's block ends long before.
+
+        explore: weigh each step with α1 drawn from its posterior rather than its mean (Thompson sampling). With
+        the mean, an estimate that fell below the break-even (a few rejections, or the last generation's text)
+        stopped drafting, and with it the only evidence that could raise it: replayed on recorded acceptance,
+        the policy then ran plain through answers where slot 1 was accepted 0.6-0.7 of the time, and read
+        1.04-1.10x own plain where always drafting one or two tokens read 1.15-1.27x (docs/policy.md). Drawn, a
+        drafter near the break-even is tried about as often as it may pay, and one far below it almost never.
+        carry_weight: how many observations the α a generation starts from (the last one's) counts for.
+        seed: the draws' generator (the policy picks only how many drafts to verify: outputs do not depend on it)."""
         if draft_min < 1 or draft_max < draft_min:
             raise ValueError(f"need 1 <= draft_min ({draft_min}) <= draft_max ({draft_max})")
         self.draft_max, self.draft_min = draft_max, draft_min
@@ -337,6 +361,11 @@ class DraftLengthPolicy:
         self.has_drafter = True             # False: a lookup source alone (choose_step never asks the drafter)
         self.lookup: LookupAcceptance | None = None
         self._rates: dict[int, float] = {}  # the drafter's expected tokens/s per n, as last weighed
+        self.explore, self.carry_weight = explore, carry_weight
+        self._rng = np.random.default_rng(seed)
+        self._prices_key: tuple | None = None
+        self._cutoff, self._cutoff_key = 0.0, None
+        self._prices: tuple[list[float], float] = ([], 1.0)   # per n: seconds / t(1) of a draft step; 1 - q
         self._warm: list[float] | None = None   # t(1..draft_max+1)/t(1) with warm caches (the lookup's verifies)
 
     def use_lookup(self, max_match: int) -> None:
@@ -348,39 +377,73 @@ class DraftLengthPolicy:
         (~4 steps on SmolLM2's one-thread cost curve). Probing starts over at `probe_every`: the new answer may
         be one where drafting pays though the last was not (starting at half the last gap measured no better:
         docs/fallback-cost.md)."""
-        self.slots = self.slots.carried()
+        self.slots = self.slots.carried(self.carry_weight)
         if self.lookup is not None:
             self.lookup = self.lookup.carried()
         self._pending = []
         self._plain_streak = 0
         self._probe_gap = self.probe_every
 
-    def expected_rates(self) -> dict[int, float]:
-        """Expected tokens per second for each n (0 = plain decoding)."""
-        e = self.slots.expected_tokens()
-        ns = np.arange(self.draft_min, self.draft_max + 1)
-        t = self.cost.verifies(ns + 1, cold=True)                   # a drafter's verify runs right after its draft
-        # With trimming, α is counted on the drafts that were verified; a call whose every slot was trimmed
-        # (share q) yields one token for a plain verify. Left out, a drafter unsure everywhere would be called at
-        # every step (its draft paid, nothing verified, α never updated).
-        q = self.emptied
-        tokens = (1 - q) * e[ns] + q
-        seconds = (1 - q) * t + q * self.cost.verify(1) + self.cost.drafts(ns)
-        rates = {0: 1.0 / self.cost.verify(1)}
-        rates.update(zip(ns.tolist(), (tokens / seconds).tolist()))
+    def expected_rates(self, alpha1: float | None = None) -> dict[int, float]:
+        """Expected tokens per second for each n (0 = plain decoding): α1 drawn from its posterior when exploring
+        (or `alpha1`, drawn by the caller), the later slots at their means. Also keeps the α1 below which plain
+        decoding beats every n by the margin (`_cutoff`): a plain step's weighing is then one draw and a compare.
+
+        Plain floats over at most draft_max slots: this runs every step, right after a target decode, where
+        each numpy call pays for cold caches."""
+        alpha = self.slots.alpha().tolist()
+        if alpha1 is None:
+            alpha1 = self.slots.draw_first(self._rng) if self.explore else alpha[0]
+        prices, kept = self._step_prices()
+        t1 = self.cost.verify(1)
+        rates = {0: 1.0 / t1}
+        cutoff = float("inf")
+        e, run = 1.0, 1.0                  # E(n) = 1 + Σ_{j≤n} Π_{k≤j} α_k
+        s_n, later = 0.0, 1.0              # S_n = Σ_{j≤n} Π_{2≤k≤j} α_k: E(n) = 1 + α1 S_n
+        for n in range(1, self.draft_max + 1):
+            run *= alpha1 if n == 1 else alpha[n - 1]
+            e += run
+            s_n += later
+            if n < len(alpha):
+                later *= alpha[n]
+            if n >= self.draft_min:
+                price = prices[n - self.draft_min]
+                # With trimming, α is counted on the drafts that were verified; a call whose every slot was trimmed
+                # (share q) yields one token for a plain verify. Left out, a drafter unsure everywhere would be
+                # called at every step (its draft paid, nothing verified, α never updated).
+                rates[n] = (kept * e + 1.0 - kept) / (price * t1)
+                cutoff = min(cutoff, ((1 + self.margin) * price - 1.0) / (kept * s_n))
         self._rates = rates
+        self._cutoff, self._cutoff_key = cutoff, self._state_key()
         return rates
+
+    def _state_key(self) -> tuple:
+        """What the rates depend on besides α1's draw and t(1)."""
+        return id(self.slots), self.slots.updates, id(self.cost), self.cost.version, self.emptied
+
+    def _step_prices(self) -> tuple[list[float], float]:
+        """Seconds of a draft step of each n from draft_min on, in units of t(1) (its draft call, then its verify
+        right after it), and 1 - q; kept until a timing moves a price against t(1)."""
+        q = self.emptied
+        key = (id(self.cost), self.cost.version, q)
+        if key != self._prices_key:
+            ns = np.arange(self.draft_min, self.draft_max + 1)
+            t1 = self.cost.verify(1)
+            t = self.cost.verifies(ns + 1, cold=True)               # a drafter's verify runs right after its draft
+            seconds = (1 - q) * t + q * t1 + self.cost.drafts(ns)
+            self._prices = ((seconds / t1).tolist(), 1.0 - q)
+            self._prices_key = key
+        return self._prices
 
     def choose(self) -> int:
         if not self.adaptive:
             return self.draft_max
-        # In a plain streak only t(1) moves (α and the draft costs change when a draft is verified, which
-        # ends the streak), so the rates are weighed after every draft and then every `recheck` plain steps:
-        # right after a target decode the evaluation costs ~160 us (measured, cold caches), 3 % of a plain step.
+        # Weighed every `recheck` steps of a plain streak (default every step: each weighing draws α1 anew, and
+        # the draws are what try a drafter near the break-even). The prices relative to t(1) are cached between
+        # the timings that move them, so one weighing is a few numpy calls.
         if self._plain_streak % self.recheck == 0:
-            rates = self.expected_rates()
-            best = max((n for n in rates if n > 0), key=rates.get)
-            if rates[best] >= rates[0] * (1 + self.margin):
+            best = self._weigh()
+            if best:
                 self._plain_streak = 0
                 self._probe_gap = self.probe_every
                 self.last_reason = "speculate"
@@ -395,6 +458,18 @@ class DraftLengthPolicy:
             return self.draft_min
         self.last_reason = "plain: speculation would lose"
         return 0
+
+    def _weigh(self) -> int:
+        """The n with the best expected rate, or 0 where plain decoding beats it by the margin."""
+        alpha1 = None
+        if self.explore:
+            alpha1 = self.slots.draw_first(self._rng)
+            if self._cutoff_key == self._state_key() and alpha1 < self._cutoff:
+                self._rates = {}
+                return 0
+        rates = self.expected_rates(alpha1)
+        best = max((n for n in rates if n > 0), key=rates.get)
+        return best if rates[best] >= rates[0] * (1 + self.margin) else 0
 
     def choose_step(self, match_len: int, available: int) -> tuple[str, int]:
         """("plain", 0), ("draft", n): n drafter tokens, or ("lookup", k): the first k of the lookup's
