@@ -1,0 +1,188 @@
+"""The draft-length policy replayed on recorded acceptance (docs/policy.md).
+
+`collect`: along the target's greedy answer to each prompt, at every position, how many tokens of an n-token draft
+(short blocks of n + 1 rows, n = 1..7) the target accepts. Greedy verification keeps the longest prefix that matches
+the target's own continuation, and the drafter's context is the same whatever the policy did before, so one walk
+serves every policy.
+`replay`: walks each answer with a policy (the engine's DraftLengthPolicy, with the weighing before 2026-11-30 and
+now) or a fixed draft length, pricing each step from a cost model in units of t(1) with a little noise, and prints
+tokens per t(1) over plain decoding per category; `--keep p` also replays the walk with every accepted slot kept with
+probability p (a drafter that suits the text less).
+
+    .venv/bin/python lab/policy_replay.py collect -o design.pkl                       # held-back training prompts
+    .venv/bin/python lab/policy_replay.py collect -o shared.pkl --shared ../shared/prompts
+    .venv/bin/python lab/policy_replay.py replay design.pkl --keep 1 0.6 0.35
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+
+N_MAX = 7
+# A draft step of n, in units of the plain arm's t(1): SmolLM2 Q4_K_M with the shipped drafter, 2 threads, Zen 3,
+# from the arms that always draft 1, 2 or 3 tokens (2026-11-30): verify right after a draft; draft call, injection
+# of the kept rows and the loop's own work.
+VERIFY_COLD = {1: 1.0, 2: 1.137, 3: 1.319, 4: 1.487}
+# What the cost cache calibrated for the same files, the curve the policy starts from.
+CALIBRATED = dict(t={1: 1, 2: 1.201, 3: 1.37, 4: 1.374, 6: 1.757, 8: 2.012, 12: 2.8, 16: 3.6},
+                  cold={2: 1.237, 3: 1.269, 4: 1.331, 5: 1.653, 7: 1.754, 8: 1.867},
+                  draft={1: 0.131, 2: 0.131, 3: 0.128, 4: 0.16, 6: 0.172, 7: 0.183})
+T1 = 0.008
+
+
+def verify_cost(b: int) -> float:
+    return VERIFY_COLD.get(b, VERIFY_COLD[4] + 0.17 * (b - 4))
+
+
+def draft_cost(n: int) -> float:
+    return 0.115 + 0.016 * (n - 1) + 0.062
+
+
+def _prompts(args) -> list[dict]:
+    if args.shared:
+        rows = []
+        for cat in ("code", "math", "chat"):
+            lines = (Path(args.shared) / f"{cat}.jsonl").read_text().splitlines()[:args.per]
+            rows += [dict(json.loads(line), cat=cat, raw=False) for line in lines]
+        return rows
+    from dflash_gguf.corpus import prompts as corpus
+    held = corpus.load(corpus.DEFAULT_PROMPTS)[corpus.HELD_BACK_FROM:]
+    rng = random.Random(args.seed)
+    rows = []
+    for cat in ("code", "math", "chat"):
+        pool = [r for r in held if r["category"] == cat]
+        rows += [dict(r, cat=cat, raw=r["format"] == "completion") for r in rng.sample(pool, args.per)]
+    return rows
+
+
+def collect(args) -> None:
+    from dflash_gguf.engine.session import Engine
+    from dflash_gguf.settings import EngineSettings
+    from dflash_gguf.textgen.chat import render_model_chat
+    extra = {"drafter": Path(args.drafter)} if args.drafter else {}
+    eng = Engine(EngineSettings(target=Path(args.model) if args.model else None, n_threads=args.threads,
+                                draft_source="dflash", **extra))
+    target, drafter = eng.target, eng.drafter
+    drafter.short_blocks = True
+    out = []
+    for row in _prompts(args):
+        text = row["prompt"] if row["raw"] else render_model_chat(target.model, [{"role": "user", "content": row["prompt"]}])
+        prompt = eng.tokenize(text, add_special=row["raw"])
+        answer = eng.generate(prompt, args.n_predict, speculative=False).tokens
+        target.reset()
+        drafter.begin()
+        target.prefill(prompt, drafter.process)
+        acc = np.zeros((len(answer), N_MAX + 1), np.int8)
+        for j in range(len(answer) - 1):
+            pos = target.n_past
+            for n in range(1, N_MAX + 1):
+                drafts = drafter.draft(answer[j], pos, n, want_logits=False).tokens
+                k = 0
+                while k < n and j + 1 + k < len(answer) and drafts[k] == answer[j + 1 + k]:
+                    k += 1
+                acc[j, n] = k
+            target.decode_rows([answer[j]])
+            features = target.features(0, 1)
+            target.keep(1, 1)
+            drafter.process(features, pos)
+        out.append(dict(cat=row["cat"], n=len(answer), acc=acc))
+        print(row["cat"], len(answer), f"slot-1 acceptance {(acc[:-1, 1] > 0).mean():.3f}", flush=True)
+    Path(args.out).write_bytes(pickle.dumps(out))
+
+
+def _policy(kind: str):
+    from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy
+    curve = CostCurve({b: v * T1 for b, v in CALIBRATED["t"].items()}, 0.2 * T1, short_blocks=True,
+                      t_draft_n={n: v * T1 for n, v in CALIBRATED["draft"].items()},
+                      t_cold={b: v * T1 for b, v in CALIBRATED["cold"].items()})
+    before = dict(explore=False, recheck=32, carry_weight=4)       # the mean, weighed every 32 plain steps
+    return DraftLengthPolicy(N_MAX, 1, cost=curve, **(before if kind == "before" else {}))
+
+
+def walk(traces: list[dict], kind: str, seed: int, noise: float = 0.08) -> dict[str, float]:
+    """Tokens per t(1) over plain decoding per category; kind: "before", "now" or a fixed draft length."""
+    rng = np.random.default_rng(seed)
+    policy = None if kind.isdigit() else _policy(kind)
+    totals: dict[str, list[float]] = {}
+    for tr in traces:
+        if policy is not None:
+            policy.reset()
+        acc, n_tok = tr["acc"], tr["n"]
+        j, seconds = 0, 0.0
+        while j < n_tok - 1:
+            n = min(int(kind) if policy is None else policy.choose(), n_tok - 2 - j, N_MAX)
+            if n <= 0:
+                v = T1 * np.exp(rng.normal(0, noise))
+                seconds, j = seconds + v, j + 1
+                if policy is not None:
+                    policy.observe(0, 0, verify_s=v)
+                continue
+            a = int(acc[j, n])
+            v = T1 * verify_cost(n + 1) * np.exp(rng.normal(0, noise))
+            d = T1 * draft_cost(n) * np.exp(rng.normal(0, noise))
+            seconds, j = seconds + v + d, j + a + 1
+            if policy is not None:
+                policy.observe(n, a, verify_s=v, draft_s=d)
+        t = totals.setdefault(tr["cat"], [0.0, 0.0])
+        t[0] += (n_tok - 1) * T1
+        t[1] += seconds
+    out = {c: t[0] / t[1] for c, t in totals.items()}
+    out["all"] = sum(t[0] for t in totals.values()) / sum(t[1] for t in totals.values())
+    return out
+
+
+def keep_accepted(traces: list[dict], keep: float, seed: int = 0) -> list[dict]:
+    """Each accepted slot survives with probability `keep`; acceptance stops at the first lost one."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for tr in traces:
+        acc = tr["acc"].copy()
+        for j, n in np.ndindex(acc.shape):
+            k = 0
+            while k < acc[j, n] and rng.random() < keep:
+                k += 1
+            acc[j, n] = k
+        out.append(dict(tr, acc=acc))
+    return out
+
+
+def replay(args) -> None:
+    traces = pickle.loads(Path(args.walk).read_bytes())
+    for keep in args.keep:
+        data = traces if keep >= 1 else keep_accepted(traces, keep)
+        share = np.mean(np.concatenate([t["acc"][:-1, 1] > 0 for t in data]))
+        print(f"accepted slots kept {keep}: slot-1 acceptance {share:.3f}")
+        for kind in ("1", "2", "3", "before", "now"):
+            runs = [walk(data, kind, seed) for seed in range(args.seeds)]
+            mean = {c: round(float(np.mean([r[c] for r in runs])), 3) for c in runs[0]}
+            print(f"  {kind if not kind.isdigit() else 'always ' + kind:>8}: {mean}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect")
+    c.add_argument("-m", "--model", help="target (default: the embedded default)")
+    c.add_argument("-md", "--drafter")
+    c.add_argument("-o", "--out", required=True)
+    c.add_argument("--per", type=int, default=12, help="prompts per category")
+    c.add_argument("--shared", help="a folder of code/math/chat JSONL prompt files (evaluation only)")
+    c.add_argument("--seed", type=int, default=7)
+    c.add_argument("-n", "--n-predict", type=int, default=128)
+    c.add_argument("-t", "--threads", type=int, default=2)
+    r = sub.add_parser("replay")
+    r.add_argument("walk")
+    r.add_argument("--keep", type=float, nargs="*", default=[1.0])
+    r.add_argument("--seeds", type=int, default=4)
+    args = ap.parse_args()
+    collect(args) if args.cmd == "collect" else replay(args)
+
+
+if __name__ == "__main__":
+    main()
