@@ -33,6 +33,18 @@ def interp_table(table: dict[int, float], x, monotone: bool = False):
     return np.interp(x, keys, np.maximum.accumulate(values) if monotone else values)
 
 
+def interp_value(table: dict[int, float], x: float, monotone: bool = False) -> float:
+    """interp_table at one point, in plain floats: the loop prices its steps with it after every target decode,
+    where each numpy call pays for caches the decode emptied."""
+    prev_k = prev_v = None
+    for k in sorted(table):
+        v = table[k] if prev_v is None or not monotone else max(prev_v, table[k])
+        if x <= k:
+            return v if prev_k is None else prev_v + (v - prev_v) * (x - prev_k) / (k - prev_k)
+        prev_k, prev_v = k, v
+    return prev_v
+
+
 # One timing moves an estimate by at most `smoothing` × 25 %. Steps stall now and then (the OS, Python's
 # collector: plain steps of 10–29 ms measured among 7.5 ms ones, SmolLM2 on one core); unclipped, one stall
 # made t(1) look 35 % dearer, and as t(1) is only measured on plain steps, the policy then drafted through a
@@ -75,22 +87,22 @@ class CostCurve:
         self.shape_cold = {b: v / t1 for b, v in self.t_cold.items()} if t1 else {}
 
     def draft(self, n: int) -> float:
-        return float(self.drafts(np.array([n]))[0])
+        """Seconds of a draft call of n tokens."""
+        if not (self.short_blocks and self.t_draft_n):
+            return self.t_draft
+        return interp_value(self.t_draft_n, n)
 
     def drafts(self, ns: np.ndarray) -> np.ndarray:
-        """Seconds of draft calls of ns tokens."""
-        if not (self.short_blocks and self.t_draft_n):
-            return np.full(len(ns), self.t_draft)
-        return interp_table(self.t_draft_n, ns)
+        return np.array([self.draft(int(n)) for n in ns])
 
     def verify(self, b: int, cold: bool = False) -> float:
-        return float(self.verifies(np.array([b]), cold)[0])
+        """t(b) (after a draft call with `cold`), never below t of a smaller batch: more rows never cost less, and a
+        noisy point that says so (measured: t(2)/t(1) = 0.94) would make speculation look free."""
+        warm = interp_value(self.t, b, monotone=True)
+        return max(interp_value(self.t_cold, b, monotone=True), warm) if cold and self.t_cold else warm
 
     def verifies(self, bs: np.ndarray, cold: bool = False) -> np.ndarray:
-        """t(b) for each b (after a draft call with `cold`), never below t of a smaller batch: more rows never
-        cost less, and a noisy point that says so (measured: t(2)/t(1) = 0.94) would make speculation look free."""
-        table = self.t_cold if cold and self.t_cold else self.t
-        return np.maximum(interp_table(table, bs, monotone=True), interp_table(self.t, bs, monotone=True))
+        return np.array([self.verify(int(b), cold) for b in bs])
 
     def observe_verify(self, b: int, seconds: float, cold: bool = False) -> None:
         cold = cold and bool(self.t_cold)
@@ -101,7 +113,7 @@ class CostCurve:
             # too dear makes drafting look cheap, the one mistake that loses against plain decoding. The other
             # prices move with it (`rescale`): lowered here alone and raised with them by the next plain steps,
             # t(1) would ratchet every other price up against it.
-            implied = seconds / float(interp_table(shape, b))
+            implied = seconds / interp_value(shape, b)
             if implied < self.t[1]:
                 self.rescale(_smoothed(self.t[1], implied, self.smoothing))
         table[b] = _smoothed(table.get(b), seconds, self.smoothing)
@@ -242,6 +254,7 @@ class SlotAcceptance:
     def __post_init__(self):
         self.counts = SlotCounts.zeros(self.n_slots)
         self.updates = 0
+        self._prior_first = float(np.ravel(self.prior_accept)[0]) * self.prior_weight
 
     def update(self, n_drafted: int, n_accepted: int) -> None:
         self.counts.scale(self.decay)
@@ -259,8 +272,7 @@ class SlotAcceptance:
 
     def draw_first(self, rng: np.random.Generator) -> float:
         """α1 drawn from its Beta posterior: the prior's pseudo-counts plus the decayed counts."""
-        prior = float(np.ravel(self.prior_accept)[0]) * self.prior_weight
-        hits = float(self.counts.accepted[0]) + prior
+        hits = float(self.counts.accepted[0]) + self._prior_first
         misses = float(self.counts.tried[0]) + self.prior_weight - hits
         return float(rng.beta(max(hits, 1e-3), max(misses, 1e-3)))
 
@@ -427,11 +439,10 @@ class DraftLengthPolicy:
         q = self.emptied
         key = (id(self.cost), self.cost.version, q)
         if key != self._prices_key:
-            ns = np.arange(self.draft_min, self.draft_max + 1)
-            t1 = self.cost.verify(1)
-            t = self.cost.verifies(ns + 1, cold=True)               # a drafter's verify runs right after its draft
-            seconds = (1 - q) * t + q * t1 + self.cost.drafts(ns)
-            self._prices = ((seconds / t1).tolist(), 1.0 - q)
+            cost, t1 = self.cost, self.cost.verify(1)
+            # a drafter's verify runs right after its draft: cold
+            self._prices = ([((1 - q) * cost.verify(n + 1, cold=True) + q * t1 + cost.draft(n)) / t1
+                             for n in range(self.draft_min, self.draft_max + 1)], 1.0 - q)
             self._prices_key = key
         return self._prices
 
