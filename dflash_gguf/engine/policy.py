@@ -450,8 +450,8 @@ class DraftLengthPolicy:
         if not self.adaptive:
             return self.draft_max
         # Weighed every `recheck` steps of a plain streak (default every step: each weighing draws α1 anew, and
-        # the draws are what try a drafter near the break-even). The prices relative to t(1) are cached between
-        # the timings that move them, so one weighing is a few numpy calls.
+        # the draws are what try a drafter near the break-even). A plain step's weighing is one draw against the
+        # cached cutoff (`_weigh`); the prices relative to t(1) are cached between the timings that move them.
         if self._plain_streak % self.recheck == 0:
             best = self._weigh()
             if best:
