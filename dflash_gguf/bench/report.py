@@ -17,7 +17,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..engine.policy import interp_table
+from ..engine.policy import interp_value
 from .runner import BASELINES, Run
 
 SPLIT = ("draft", "verify", "inject", "python")
@@ -60,14 +60,14 @@ def calls_by_batch(p: dict) -> dict[int, int]:
 
 def draft_cost(t_draft: float | dict[int, float], n: int) -> float:
     """Seconds of a draft call of n tokens: one figure, or per n where the drafter runs n+1 rows."""
-    return float(interp_table(t_draft, n)) if isinstance(t_draft, dict) else t_draft
+    return interp_value(t_draft, n) if isinstance(t_draft, dict) else t_draft
 
 
 def curve_limit(p: dict, cost_t: dict[int, float], t_draft: float | dict[int, float]) -> float | None:
     if not p["tau"] or not cost_t:
         return None
     hist = calls_by_batch(p)
-    step = sum(c * (float(interp_table(cost_t, b)) + (draft_cost(t_draft, b - 1) if b > 1 else 0.0))
+    step = sum(c * (interp_value(cost_t, b) + (draft_cost(t_draft, b - 1) if b > 1 else 0.0))
                for b, c in hist.items()) / sum(hist.values())
     return p["tau"] * cost_t[1] / step
 

@@ -25,16 +25,9 @@ from .confidence import ConfidenceCalibration
 from .verify import SlotCounts
 
 
-def interp_table(table: dict[int, float], x, monotone: bool = False):
-    """Linear interpolation in a {size: seconds} table (clamped at its ends); with `monotone` the values
-    are first made non-decreasing in the size."""
-    keys = sorted(table)
-    values = [table[k] for k in keys]
-    return np.interp(x, keys, np.maximum.accumulate(values) if monotone else values)
-
-
 def interp_value(table: dict[int, float], x: float, monotone: bool = False) -> float:
-    """interp_table at one point, in plain floats: the loop prices its steps with it after every target decode,
+    """Linear interpolation in a {size: seconds} table (clamped at its ends); with `monotone` the values are first
+    made non-decreasing in the size. Plain floats: the loop prices its steps with it after every target decode,
     where each numpy call pays for caches the decode emptied."""
     prev_k = prev_v = None
     for k in sorted(table):
@@ -91,9 +84,6 @@ class CostCurve:
         if not (self.short_blocks and self.t_draft_n):
             return self.t_draft
         return interp_value(self.t_draft_n, n)
-
-    def drafts(self, ns: np.ndarray) -> np.ndarray:
-        return np.array([self.draft(int(n)) for n in ns])
 
     def verify(self, b: int, cold: bool = False) -> float:
         """t(b) (after a draft call with `cold`), never below t of a smaller batch: more rows never cost less, and a
@@ -515,7 +505,7 @@ class DraftLengthPolicy:
         the t(1) of its time (smoothed and clipped like every timing)."""
         if self._warm is None:
             shape = self.cost.shape or self.cost.ratios()
-            self._warm = interp_table(shape, np.arange(1, self.lookup_max + 2), monotone=True).tolist()
+            self._warm = [interp_value(shape, b, monotone=True) for b in range(1, self.lookup_max + 2)]
         return self._warm
 
     def observe_lookup(self, match_len: int, continuation: list[int] | None, emitted: list[int]) -> None:
