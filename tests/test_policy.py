@@ -107,6 +107,18 @@ def test_short_blocks_where_the_draft_cost_grows_with_rows():
     assert full.choose() == 0
 
 
+@pytest.mark.parametrize("t1,full,short,chosen", [
+    (7.0, 1.30, 0.93, True),     # Zen 4, shipped drafter: 0.72 of a full block, 5 % of t(1) saved
+    (7.0, 1.30, 1.10, False),    # 3 % of t(1): not worth the full block's acceptance
+    (2.0, 0.50, 0.45, False),    # a GPU: rows nearly free
+])
+def test_short_blocks_where_they_save_a_share_of_a_plain_step(t1, full, short, chosen):
+    curve = measure_cost_curve(lambda b: t1 * (1 + 0.1 * (b - 1)),
+                               lambda n, is_short: short + 0.01 * (n - 1) if is_short else full,
+                               sizes=(1, 2, 8), draft_ns=(1, 7), draft_max=7)
+    assert curve.short_blocks is chosen
+
+
 def test_probes_are_short_and_back_off_while_plain_wins():
     steep = CostCurve({1: 1.0, 2: 3.0, 8: 20.0}, t_draft=0.5)
     policy = DraftLengthPolicy(7, cost=steep, probe_every=4)
