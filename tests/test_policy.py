@@ -107,6 +107,15 @@ def test_short_blocks_where_the_draft_cost_grows_with_rows():
     assert full.choose() == 0
 
 
+def test_a_row_more_costs_a_cold_verify_at_least_what_it_costs_a_warm_one():
+    # t_cold(2) left from a slower spell, t_cold(3) timed since: two drafts must not look as cheap as one
+    curve = CostCurve({1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3}, 0.2, t_cold={2: 1.3, 3: 1.31})
+    assert curve.verify(2, cold=True) == pytest.approx(1.3)
+    assert curve.verify(3, cold=True) == pytest.approx(1.4)
+    assert curve.verify(4, cold=True) == pytest.approx(1.5)
+    assert curve.verify(3) == pytest.approx(1.2)               # warm prices as they were
+
+
 @pytest.mark.parametrize("t1,full,short,chosen", [
     (7.0, 1.30, 0.93, True),     # Zen 4, shipped drafter: 0.72 of a full block, 5 % of t(1) saved
     (7.0, 1.30, 1.10, False),    # 3 % of t(1): not worth the full block's acceptance
