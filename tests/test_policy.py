@@ -1,7 +1,7 @@
-import pytest
 """Draft-length policy: pick the n with the best expected tokens per second, or plain decoding."""
 
 import numpy as np
+import pytest
 
 from dflash_gguf.engine.policy import CostCache, CostCurve, DraftLengthPolicy, SlotAcceptance, measure_cost_curve
 
@@ -17,7 +17,10 @@ def test_expected_tokens_from_slot_acceptance():
     s.update(3, 1)
     # slot 1: 2/2, slot 2: 1/2 (tried twice: accepted once, rejected once), slot 3: 1/1
     np.testing.assert_allclose(s.alpha(), [1.0, 0.5, 1.0])
-    np.testing.assert_allclose(s.expected_tokens(), [1.0, 2.0, 2.5, 3.0])
+    p = DraftLengthPolicy(3, cost=CostCurve({1: 1.0, 8: 1.0}, t_draft=0.0))   # every step costs t(1)
+    p.slots = s
+    rates = p.expected_rates(alpha1=1.0)                  # tokens per second = E(n) here
+    assert [rates[n] for n in range(4)] == pytest.approx([1.0, 2.0, 2.5, 3.0])
 
 
 def test_flat_cost_and_high_acceptance_drafts_long():

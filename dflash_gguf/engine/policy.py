@@ -286,10 +286,6 @@ class SlotAcceptance:
         misses = float(self.counts.tried[0]) + self.prior_weight - hits
         return float(rng.beta(max(hits, 1e-3), max(misses, 1e-3)))
 
-    def expected_tokens(self) -> np.ndarray:
-        """E(n) for n = 0..n_slots: 1 + Σ_{j≤n} Π_{k≤j} α_k."""
-        return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.alpha()))])
-
 
 class LookupAcceptance:
     """α of a lookup continuation's slots per match length (1..max_match): the continuation of a long match is
