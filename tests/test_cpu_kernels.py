@@ -101,6 +101,29 @@ def test_the_best_runnable_variant_is_chosen(kernels):
     assert not kernels.set_isa("sse9")
 
 
+def _cpu_family_and_flags() -> tuple[str, str, set[str]]:
+    info = Path("/proc/cpuinfo").read_text()
+    fields = {k.strip(): v for k, v in (line.split(":", 1) for line in info.split("\n\n")[0].splitlines() if ":" in line)}
+    return fields.get("vendor_id", "").strip(), fields.get("cpu family", "").strip(), set(fields.get("flags", "").split())
+
+
+def test_the_512_bit_rate_probe_tells_split_cores_from_full_rate_ones(kernels):
+    """The K-quants step two tiles at a time from 4 columns only where 512-bit dot steps run at full rate; on a core
+    that splits them it costs a verify of 4-12 rows 1.1-1.4x (Zen 4, docs/cpu-kernels.md). The probe read every
+    AVX-512 core as full rate while its eight chains started equal (the compiler kept one)."""
+    vendor, family, flags = _cpu_family_and_flags()
+    if "avx512_vnni" not in flags:
+        pytest.skip("no AVX-512 VNNI: the probe is not run")
+    answers = set()
+    for _ in range(3):
+        kernels.set_wide_k_tiles(None)                   # decided afresh
+        answers.add(kernels.wide_k_tiles)
+    kernels.set_wide_k_tiles(None)
+    assert len(answers) == 1, "the probe changes its mind between calls"
+    if vendor == "AuthenticAMD" and family == "25":      # Zen 4: 512-bit steps in two halves
+        assert answers == {False}
+
+
 @pytest.mark.parametrize("weight_type,n_rows,k,n_threads", CASES)
 def test_matmul_matches_references_and_is_batch_invariant(native, kernels, weight_type, n_rows, k, n_threads):
     chosen = kernels.isa

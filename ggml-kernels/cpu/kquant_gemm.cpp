@@ -265,10 +265,12 @@ struct KTraits {
     // Emerald Rapids, 16384 x 2048, 1 thread, in-process A/B against 8-row tiles: Q4_K B = 1 / 2 / 4 / 8 / 16 1.58x /
     // 1.14x / 0.83x / 0.53x / 0.70x the time, Q6_K B = 4 / 8 / 16 0.96x / 0.83x / 0.74x. On Zen 4, before the choice
     // existed: no faster for Q4_K and slower for Q6_K (8 columns x 4 qwen3-0.6b layers, 1 thread: Q4_K 7.9 vs 7.2-8.2
-    // ms, Q6_K 16.6 vs 12.3)
+    // ms, Q6_K 16.6 vs 12.3). Where it splits them (Zen 4), from 16 columns: the ~2B qwen3 shape, Q4_K_M, 2 threads,
+    // t(B) with pairs against without, two rounds: B = 4 / 8 / 12 / 16 / 24 / 32 / 64 1.35-1.40x / 1.11-1.28x /
+    // 0.97-1.15x / 0.94-1.02x / 0.94-1.04x / 0.93-0.98x / 0.86-0.94x the time, a 512-token prefill 0.74x
     static constexpr bool PAIR_TILES = true;
     static constexpr int64_t PAIR_MIN_COLS = 4;
-    static constexpr bool PAIR_AT_FULL_RATE_ONLY = true;
+    static constexpr int64_t PAIR_MIN_COLS_SPLIT_RATE = 16;
 
     static KScale column_scale(const block_q8_K & y) { return q8_k_column_scale(y); }
 };
@@ -766,8 +768,14 @@ bool full_rate_512(void) {
         I acc[8], u = zero, s = zero;
         double best = 1e30;
         for (int round = 0; round < 3; ++round) {
-            for (I & a : acc) {
-                a = zero;
+            // distinct starts: chains that start equal are one chain to the compiler (at -O3 it kept one
+            // vpdpbusd of the eight, latency-bound at either width, so every AVX-512 core read as full rate)
+            for (int j = 0; j < 8; ++j) {
+                if constexpr (sizeof(I) == 64) {
+                    acc[j] = _mm512_set1_epi32(j + 1);
+                } else {
+                    acc[j] = _mm256_set1_epi32(j + 1);
+                }
             }
             const auto t0 = std::chrono::steady_clock::now();
             for (int i = 0; i < STEPS; ++i) {
@@ -786,8 +794,15 @@ bool full_rate_512(void) {
         }
         return best;
     };
-    const double t256 = time_chains(_mm256_setzero_si256());
-    const double t512 = time_chains(_mm512_setzero_si512());
+    // the best of interleaved rounds after a warm-up, so that neither a clock still rising nor a slow spell of a
+    // shared machine decides (Zen 4 guest: 1.87)
+    time_chains(_mm256_setzero_si256());
+    time_chains(_mm512_setzero_si512());
+    double t256 = 1e30, t512 = 1e30;
+    for (int round = 0; round < 3; ++round) {
+        t256 = std::min(t256, time_chains(_mm256_setzero_si256()));
+        t512 = std::min(t512, time_chains(_mm512_setzero_si512()));
+    }
     return t512 < 1.4 * t256;
 #else
     return false;

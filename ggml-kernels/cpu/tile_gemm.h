@@ -807,20 +807,22 @@ void tile_in_lanes(const Tile & tile, int valid, int64_t n_blocks, int64_t n_col
 }
 
 // Whether a product of n_cols columns steps two tiles at a time (formats with PAIR_TILES): from Format::PAIR_MIN_COLS
-// columns, and for formats with PAIR_AT_FULL_RATE_ONLY only where the core runs 512-bit dot steps at full rate
+// columns where the core runs 512-bit dot steps at full rate, and for formats with PAIR_MIN_COLS_SPLIT_RATE from that
+// many where it splits them (dflash_cpu_wide_k_tiles). Either way a column's sums are the same bits.
 template <class Format, class = void>
 struct pair_rule {
     static constexpr int64_t MIN_COLS = 1;
-    static constexpr bool FULL_RATE_ONLY = false;
+    static constexpr int64_t SPLIT_RATE_MIN_COLS = 1;
 };
 template <class Format>
-struct pair_rule<Format, std::void_t<decltype(Format::PAIR_MIN_COLS)>> {
+struct pair_rule<Format, std::void_t<decltype(Format::PAIR_MIN_COLS_SPLIT_RATE)>> {
     static constexpr int64_t MIN_COLS = Format::PAIR_MIN_COLS;
-    static constexpr bool FULL_RATE_ONLY = Format::PAIR_AT_FULL_RATE_ONLY;
+    static constexpr int64_t SPLIT_RATE_MIN_COLS = Format::PAIR_MIN_COLS_SPLIT_RATE;
 };
 template <class Format>
 bool pairs_wanted(int64_t n_cols) {
-    return n_cols >= pair_rule<Format>::MIN_COLS && (!pair_rule<Format>::FULL_RATE_ONLY || dflash_cpu_wide_k_tiles());
+    using R = pair_rule<Format>;
+    return n_cols >= R::SPLIT_RATE_MIN_COLS || (n_cols >= R::MIN_COLS && dflash_cpu_wide_k_tiles());
 }
 
 // Tiles tile0..tile1 of the product (tile_gemm), in order; the next tile is fetched ahead within the range
