@@ -266,8 +266,8 @@ struct KTraits {
     // 1.14x / 0.83x / 0.53x / 0.70x the time, Q6_K B = 4 / 8 / 16 0.96x / 0.83x / 0.74x. On Zen 4, before the choice
     // existed: no faster for Q4_K and slower for Q6_K (8 columns x 4 qwen3-0.6b layers, 1 thread: Q4_K 7.9 vs 7.2-8.2
     // ms, Q6_K 16.6 vs 12.3). Where it splits them (Zen 4), from 16 columns: the ~2B qwen3 shape, Q4_K_M, 2 threads,
-    // t(B) with pairs against without, two rounds: B = 4 / 8 / 12 / 16 / 24 / 32 / 64 1.35-1.40x / 1.11-1.28x /
-    // 0.97-1.15x / 0.94-1.02x / 0.94-1.04x / 0.93-0.98x / 0.86-0.94x the time, a 512-token prefill 0.74x
+    // t(B) with pairs against without, two rounds: B = 4 / 8 / 12 / 16 / 24 / 32 / 64 1.35-1.41x / 1.11-1.28x /
+    // 0.97-1.16x / 0.94-1.01x / 0.94-1.04x / 0.93-0.98x / 0.86-0.94x the time, a 512-token prefill 0.74x
     static constexpr bool PAIR_TILES = true;
     static constexpr int64_t PAIR_MIN_COLS = 4;
     static constexpr int64_t PAIR_MIN_COLS_SPLIT_RATE = 16;
