@@ -22,16 +22,27 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .confidence import ConfidenceCalibration
-from .verify import SlotCounts
 
 
 def interp_value(table: dict[int, float], x: float, monotone: bool = False) -> float:
     """Linear interpolation in a {size: seconds} table (clamped at its ends); with `monotone` the values are first
     made non-decreasing in the size. Plain floats: the loop prices its steps with it after every target decode,
     where each numpy call pays for caches the decode emptied."""
-    prev_k = prev_v = None
+    return _interp_points(_points(table, monotone), x)
+
+
+def _points(table: dict[int, float], monotone: bool) -> list[tuple[int, float]]:
+    """The table's (size, value) pairs in size order, made non-decreasing with `monotone`."""
+    out: list[tuple[int, float]] = []
     for k in sorted(table):
-        v = table[k] if prev_v is None or not monotone else max(prev_v, table[k])
+        v = table[k] if not out or not monotone else max(out[-1][1], table[k])
+        out.append((k, v))
+    return out
+
+
+def _interp_points(points: list[tuple[int, float]], x: float) -> float:
+    prev_k = prev_v = None
+    for k, v in points:
         if x <= k:
             return v if prev_k is None else prev_v + (v - prev_v) * (x - prev_k) / (k - prev_k)
         prev_k, prev_v = k, v
@@ -81,25 +92,40 @@ class CostCurve:
 
     def draft(self, n: int) -> float:
         """Seconds of a draft call of n tokens."""
+        return self.draft_sizes([n])[0]
+
+    def draft_sizes(self, ns: Sequence[int]) -> list[float]:
+        """`draft(n)` for each n, the table sorted once."""
         if not (self.short_blocks and self.t_draft_n):
-            return self.t_draft
-        return interp_value(self.t_draft_n, n)
+            return [self.t_draft] * len(ns)
+        points = _points(self.t_draft_n, False)
+        return [_interp_points(points, n) for n in ns]
 
     def verify(self, b: int, cold: bool = False) -> float:
         """t(b) (after a draft call with `cold`), never below t of a smaller batch: more rows never cost less, and a
         noisy point that says so (measured: t(2)/t(1) = 0.94) would make speculation look free."""
-        warm = interp_value(self.t, b, monotone=True)
+        return self.verify_sizes([b], cold)[0]
+
+    def verify_sizes(self, bs: Sequence[int], cold: bool = False) -> list[float]:
+        """`verify(b, cold)` for each b, the tables sorted once."""
+        warm_points = _points(self.t, True)
         if not (cold and self.t_cold):
-            return warm
-        price = max(interp_value(self.t_cold, b, monotone=True), warm)
+            return [_interp_points(warm_points, b) for b in bs]
+        cold_points = _points(self.t_cold, True)
         # A row more costs a cold verify at least what it costs a warm one (the caches' refill is paid once per
         # call, not per row). Each cold size is timed only when its draft length runs, so one can be left from a
         # slower spell: at t_cold(2) 1.27 t(1) and t_cold(3) 1.28 (measured in the loop then: 1.16 and 1.34) two
         # drafts looked as cheap as one, and chat drafted two at a slot 1 of 0.35.
-        for k, v in self.t_cold.items():
-            if k < b:
-                price = max(price, v + warm - interp_value(self.t, k, monotone=True))
-        return price
+        steps = [(k, v - _interp_points(warm_points, k)) for k, v in self.t_cold.items()]
+        out = []
+        for b in bs:
+            warm = _interp_points(warm_points, b)
+            price = max(_interp_points(cold_points, b), warm)
+            for k, extra in steps:
+                if k < b:
+                    price = max(price, warm + extra)
+            out.append(price)
+        return out
 
     def verifies(self, bs: np.ndarray, cold: bool = False) -> np.ndarray:
         return np.array([self.verify(int(b), cold) for b in bs])
@@ -254,26 +280,31 @@ class CostCache:
 
 @dataclass
 class SlotAcceptance:
-    """Online estimate of α_k with a Beta prior; old evidence decays so the estimate follows the text."""
+    """Online estimate of α_k with a Beta prior; old evidence decays so the estimate follows the text. Plain floats:
+    it is read and updated every step, right after a target decode."""
     n_slots: int
-    prior_accept: float | np.ndarray = 0.6      # one value for every slot, or [n_slots]
+    prior_accept: float | Sequence[float] = 0.6      # one value for every slot, or [n_slots]
     prior_weight: float = 4.0
     decay: float = 0.98
-    counts: SlotCounts = field(init=False)
 
     def __post_init__(self):
-        self.counts = SlotCounts.zeros(self.n_slots)
+        p = self.prior_accept
+        self.prior = [float(p)] * self.n_slots if np.isscalar(p) else [float(x) for x in p]
+        self.tried = [0.0] * self.n_slots          # decayed counts: the verifier reached the slot
+        self.accepted = [0.0] * self.n_slots       # the target kept it
         self.updates = 0
-        self._prior_first = float(np.ravel(self.prior_accept)[0]) * self.prior_weight
 
     def update(self, n_drafted: int, n_accepted: int) -> None:
-        self.counts.scale(self.decay)
-        self.counts.record(n_drafted, n_accepted)
+        d, tried, accepted = self.decay, self.tried, self.accepted
+        reached = min(n_accepted + 1, n_drafted, self.n_slots)
+        for i in range(self.n_slots):
+            tried[i] = d * tried[i] + (i < reached)
+            accepted[i] = d * accepted[i] + (i < n_accepted)
         self.updates += 1
 
-    def alpha(self) -> np.ndarray:
-        c = self.counts
-        return (c.accepted + self.prior_accept * self.prior_weight) / (c.tried + self.prior_weight)
+    def alpha(self) -> list[float]:
+        w = self.prior_weight
+        return [(a + p * w) / (t + w) for a, t, p in zip(self.accepted, self.tried, self.prior)]
 
     def carried(self, weight: float | None = None) -> "SlotAcceptance":
         """A fresh estimate with this one's α as its prior, at `weight` (default: the prior's weight)."""
@@ -282,8 +313,8 @@ class SlotAcceptance:
 
     def draw_first(self, rng: np.random.Generator) -> float:
         """α1 drawn from its Beta posterior: the prior's pseudo-counts plus the decayed counts."""
-        hits = float(self.counts.accepted[0]) + self._prior_first
-        misses = float(self.counts.tried[0]) + self.prior_weight - hits
+        hits = self.accepted[0] + self.prior[0] * self.prior_weight
+        misses = self.tried[0] + self.prior_weight - hits
         return float(rng.beta(max(hits, 1e-3), max(misses, 1e-3)))
 
 
@@ -409,7 +440,7 @@ class DraftLengthPolicy:
 
         Plain floats over at most draft_max slots: this runs every step, right after a target decode, where
         each numpy call pays for cold caches."""
-        alpha = self.slots.alpha().tolist()
+        alpha = self.slots.alpha()
         if alpha1 is None:
             alpha1 = self.slots.draw_first(self._rng) if self.explore else alpha[0]
         prices, kept = self._step_prices()
@@ -447,8 +478,10 @@ class DraftLengthPolicy:
         if key != self._prices_key:
             cost, t1 = self.cost, self.cost.verify(1)
             # a drafter's verify runs right after its draft: cold
-            self._prices = ([((1 - q) * cost.verify(n + 1, cold=True) + q * t1 + cost.draft(n)) / t1
-                             for n in range(self.draft_min, self.draft_max + 1)], 1.0 - q)
+            ns = list(range(self.draft_min, self.draft_max + 1))
+            verifies = cost.verify_sizes([n + 1 for n in ns], cold=True)
+            self._prices = ([((1 - q) * v + q * t1 + d) / t1 for v, d in zip(verifies, cost.draft_sizes(ns))],
+                            1.0 - q)
             self._prices_key = key
         return self._prices
 
