@@ -128,7 +128,7 @@ class CostCurve:
         return out
 
     def verifies(self, bs: np.ndarray, cold: bool = False) -> np.ndarray:
-        return np.array([self.verify(int(b), cold) for b in bs])
+        return np.array(self.verify_sizes([int(b) for b in bs], cold))
 
     def observe_verify(self, b: int, seconds: float, cold: bool = False) -> None:
         cold = cold and bool(self.t_cold)
@@ -237,11 +237,9 @@ def measure_cost_curve(time_verify: Callable[[int], float], time_draft: Callable
         full.append(time_draft(draft_max, False))
     med = (lambda table: {k: float(np.median(v)) for k, v in table.items()})
     t_full = float(np.median(full)) if full else 0.0
-    t_short = med(short)
-    t1 = float(np.median(times[min(times)]))
-    use_short = bool(t_short) and t_full - t_short[min(t_short)] >= short_saving * t1
-    return CostCurve(med(times), t_full, short_blocks=use_short, t_draft_n=t_short if use_short else {},
-                     t_cold=med(cold))
+    t_short, t = med(short), med(times)
+    use_short = bool(t_short) and t_full - t_short[min(t_short)] >= short_saving * t[min(t)]
+    return CostCurve(t, t_full, short_blocks=use_short, t_draft_n=t_short if use_short else {}, t_cold=med(cold))
 
 
 class CostCache:
