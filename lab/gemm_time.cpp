@@ -1,8 +1,9 @@
 // Times our CPU matrix multiply alone (dflash_cpu_gemm_interleaved, or dflash_cpu_gemm for types kept row-major) on
 // random weights of one ggml type, one thread, the widths in rounds inside one process (on a VM, separate processes
-// place large weights differently and disagree with each other). Activations are each type's own (ggml's
-// vec_dot_type), quantized as ggml does. Prints per width the median and minimum, and the multiply-adds a second.
-// Used in docs/cpu-kernels.md ("The tile ahead into L2, not L1").
+// place large weights differently and disagree with each other). Types kept interleaved are timed in ggml's row
+// layout too, side by side in the same rounds. Activations are each type's own (ggml's vec_dot_type), quantized as
+// ggml does. Prints per width and layout the median and minimum, and the multiply-adds a second.
+// Used in docs/cpu-kernels.md ("The tile ahead into L2, not L1", "Q6_K interleaved").
 //
 //   g++ -O2 -std=c++17 lab/gemm_time.cpp -I <src-cpu>/ggml/include -I ggml-kernels/cpu -L <lib dir> -lggml-base -lggml-cpu -o gemm_time
 //   LD_LIBRARY_PATH=<lib dir> ./gemm_time q4_K 65536 2048 20 1 2 4 8    # type, rows, K, rounds, widths...
@@ -60,8 +61,6 @@ int main(int argc, char ** argv) {
     const bool interleaved = dflash_cpu_interleave_wanted(type, rows);
     if (interleaved) {
         dflash_cpu_interleave(type, rows, row_bytes, q.data(), weights.data());
-    } else {
-        weights = q;
     }
     std::vector<char> act((size_t) max_b * act_bytes);
     for (int j = 0; j < max_b; ++j) {
@@ -71,36 +70,47 @@ int main(int argc, char ** argv) {
         quantize_act(x.data(), act.data() + j * act_bytes, K);
     }
     std::vector<float> out((size_t) (max_b * rows));
-    printf("%s (%s layout), %lld x %lld, %.1f MB, activations %s, ISA %s\n", argv[1],
-           interleaved ? "interleaved" : "row-major", (long long) rows, (long long) K, rows * row_bytes / 1e6,
-           ggml_type_name(act_type), dflash_cpu_isa());
+    printf("%s (%s), %lld x %lld, %.1f MB, activations %s, ISA %s\n", argv[1],
+           interleaved ? "interleaved and row-major layouts" : "row-major layout", (long long) rows, (long long) K,
+           rows * row_bytes / 1e6, ggml_type_name(act_type), dflash_cpu_isa());
 
-    std::vector<std::vector<double>> times(widths.size());
+    struct Arm {
+        int width;
+        bool interleaved;
+        std::vector<double> times;
+    };
+    std::vector<Arm> arms;
+    for (int width : widths) {
+        if (interleaved) {
+            arms.push_back({width, true, {}});
+        }
+        arms.push_back({width, false, {}});
+    }
     for (int r = 0; r < rounds + 1; ++r) {
-        for (size_t i = 0; i < widths.size(); ++i) {
-            const size_t k = r % 2 ? widths.size() - 1 - i : i;   // the order alternates between rounds
+        for (size_t i = 0; i < arms.size(); ++i) {
+            Arm & arm = arms[r % 2 ? arms.size() - 1 - i : i];   // the order alternates between rounds
             const auto t0 = std::chrono::steady_clock::now();
-            const bool ok = interleaved
-                ? dflash_cpu_gemm_interleaved(type, rows, widths[k], n_blocks, weights.data(), row_bytes, act.data(),
+            const bool ok = arm.interleaved
+                ? dflash_cpu_gemm_interleaved(type, rows, arm.width, n_blocks, weights.data(), row_bytes, act.data(),
                                               act_bytes, out.data(), rows, 0, 1, nullptr, nullptr)
-                : dflash_cpu_gemm(type, rows, widths[k], n_blocks, weights.data(), row_bytes, act.data(), act_bytes,
+                : dflash_cpu_gemm(type, rows, arm.width, n_blocks, q.data(), row_bytes, act.data(), act_bytes,
                                   out.data(), rows, 0, 1, nullptr, nullptr);
             if (!ok) {
                 fprintf(stderr, "%s at width %d is not one of our kernels' (ggml's own path runs it)\n", argv[1],
-                        widths[k]);
+                        arm.width);
                 return 1;
             }
             if (r > 0) {   // the first round warms up
-                times[k].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+                arm.times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
             }
         }
     }
-    for (size_t k = 0; k < widths.size(); ++k) {
-        std::vector<double> & t = times[k];
-        std::sort(t.begin(), t.end());
-        const double median = t[t.size() / 2];
-        printf("B=%-3d median %.3f ms  min %.3f ms  %.1f G multiply-adds/s\n", widths[k], median * 1e3, t[0] * 1e3,
-               (double) rows * K * widths[k] / median / 1e9);
+    for (Arm & arm : arms) {
+        std::sort(arm.times.begin(), arm.times.end());
+        const double median = arm.times[arm.times.size() / 2];
+        printf("B=%-3d %-11s median %.3f ms  min %.3f ms  %.1f G multiply-adds/s\n", arm.width,
+               arm.interleaved ? "interleaved" : "row-major", median * 1e3, arm.times[0] * 1e3,
+               (double) rows * K * arm.width / median / 1e9);
     }
     return 0;
 }

@@ -181,9 +181,12 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
 }
 
 extern "C" bool dflash_cpu_interleave_wanted(enum ggml_type type, int64_t n_rows) {
-    return (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1 ||
-            type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_IQ4_NL) &&
-           n_rows > 0 && n_rows % 8 == 0 && current_isa() != ISA_NONE;
+    const int isa = current_isa();
+    // Q6_K where VNNI runs its dot steps: without it one column read ggml's layout faster (gemm.h)
+    const bool q6_k = type == GGML_TYPE_Q6_K && (isa == ISA_AVX512 || isa == ISA_AVXVNNI);
+    return (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || q6_k || type == GGML_TYPE_Q4_0 ||
+            type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_IQ4_NL) &&
+           n_rows > 0 && n_rows % 8 == 0 && isa != ISA_NONE;
 }
 
 namespace {
@@ -207,10 +210,12 @@ void q5_0_lane_masks(const char * const (&qh)[8], char * out) {
 extern "C" void dflash_cpu_interleave(enum ggml_type type, int64_t n_rows, size_t row_bytes, const void * src,
                                       void * dst) {
     const size_t block = ggml_type_size(type);
-    // the layout: gemm.h; lead: the bytes of a block's opening fp16 scale where the rest is whole words (Q4_0)
-    const size_t lead = block % 4 == 2 ? 2 : 0;
-    GGML_ASSERT(n_rows % 8 == 0 && (block - lead) % 4 == 0 && row_bytes % block == 0);
-    const size_t words = (block - lead) / 4;
+    // the layout: gemm.h; the bytes of a block's fp16 scale where the rest is whole words: leading (Q4_0) or
+    // trailing (Q6_K, whose d closes the block)
+    const size_t odd = block % 4 == 2 ? 2 : 0;
+    const size_t lead = type == GGML_TYPE_Q6_K ? 0 : odd, trail = odd - lead;
+    GGML_ASSERT(n_rows % 8 == 0 && (block - odd) % 4 == 0 && row_bytes % block == 0);
+    const size_t words = (block - odd) / 4;
     // Q8_0's signed quants stored as q + 128, the unsigned bytes VNNI's dot steps take (q8_0_gemm.cpp)
     const unsigned char flip = type == GGML_TYPE_Q8_0 ? 0x80 : 0x00;
     const int64_t n_blocks = (int64_t) (row_bytes / block);
@@ -228,6 +233,7 @@ extern "C" void dflash_cpu_interleave(enum ggml_type type, int64_t n_rows, size_
                         out[8 * lead + 32 * w + 4 * r + i] = (char) (in[lead + 4 * w + i] ^ flip);
                     }
                 }
+                memcpy(out + 32 * words + trail * r, in + 4 * words, trail);
             }
             if (type == GGML_TYPE_Q5_0) {   // word 0, the 8 rows' qh, as the masks the unpacked lanes take
                 const char * qh[8];
@@ -252,6 +258,7 @@ extern "C" bool dflash_cpu_gemm_interleaved(enum ggml_type type, int64_t n_rows,
     switch (type) {
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_K, gemm_q4_k_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_K, gemm_q5_k_interleaved)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q6_K, gemm_q6_k_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_0, gemm_q4_0_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_1, gemm_q4_1_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_0, gemm_q5_0_interleaved)

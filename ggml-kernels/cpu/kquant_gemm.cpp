@@ -454,8 +454,11 @@ DFLASH_INLINE typename V::I q6_group(typename V::I l, typename V::I h, int t) {
     return V::or_(lo, V::and_(hi, V::set1_8(0x30)));
 }
 
-// Q6_K's transposed unpack (6-bit quants from two places) costs more: row-major up to 3 columns with VNNI, 4
-// without (same A/B: transposed at B = 2 / 4 took 1.10x / 0.88x on AVX-512, 1.18x / 1.17x on AVX2)
+// Weights in ggml's layout (tiles of 8 rows are interleaved: gemm.h), whose transposed unpack (6-bit quants from two
+// places) costs more: row-major up to 3 columns with VNNI, 4 without (same A/B: transposed at B = 2 / 4 took 1.10x /
+// 0.88x on AVX-512, 1.18x / 1.17x on AVX2). Interleaved tiles are unpacked whole at every width: streaming each
+// half-group's words into the columns as Q4_K does took 1.23x / 1.19x / 1.16x the time at B = 1 / 2 / 8 (AVX-512,
+// 16384 x 2048, one thread, in process).
 #if DFLASH_CPU_GEMM_VNNI
 constexpr int64_t Q6_K_ROWWISE_MAX = 3;
 #else

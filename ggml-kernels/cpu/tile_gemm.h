@@ -433,7 +433,8 @@ struct TileRows {
     const char * words = nullptr;   // block b of an interleaved tile
 
     DFLASH_INLINE TileRows(const Tile & t, int64_t b) {
-        if constexpr (sizeof(Row) % 4 == 0) {   // formats of whole words only (dflash_cpu_interleave_wanted)
+        // formats of whole words, or of whole words and a closing fp16 (Q6_K; dflash_cpu_interleave_wanted)
+        if constexpr (sizeof(Row) % 4 == 0 || std::is_same_v<Row, block_q6_K>) {
             if (t.interleaved) {
                 words = t.interleaved_block<Row>(b);
                 return;
@@ -458,6 +459,9 @@ struct TileRows {
     DFLASH_INLINE __m256 lanes_f16(size_t offset) const {
         if (words == nullptr) {
             return load_lanes_f16(r, offset);
+        }
+        if (offset + 2 == sizeof(Row) && sizeof(Row) % 4 == 2) {   // the closing fp16: the 8 rows' side by side
+            return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (words + 8 * offset)));
         }
         return f16_half_lanes(word_lanes(offset & ~(size_t) 3), offset % 4 != 0);
     }
