@@ -47,7 +47,7 @@ bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_
 
 // Interleaved weights: the types whose kernels read a tile of 8 rows fastest as one stream of words (Q4_K and Q5_K:
 // without the per-call transposes, one column took 0.67x and 8 columns 0.77x the time in ggml's row layout; Q6_K
-// where VNNI runs, 0.86-0.97x at 1 column and 0.85-0.89x at 4 to 16, while AVX2's one column took 1.04-1.07x;
+// where VNNI runs, 0.86-0.97x at 1 column and 0.86-0.93x at 4 to 16, while AVX2's one column took 1.04-1.07x;
 // Q4_0: docs/cpu-kernels.md; Q4_1, Q5_0, Q8_0, IQ4_NL) are kept, from load, with each
 // block of each tile of 8 rows stored as its 4-byte words, word w of row r at 32 w + 4 r; a block that opens with one
 // fp16 scale before whole words (Q4_0, Q5_0, Q8_0, IQ4_NL) keeps the 8 rows' scales first, 16 bytes, and its words
