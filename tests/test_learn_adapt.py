@@ -7,6 +7,7 @@ decoding."""
 import hashlib
 import json
 
+import numpy as np
 import pytest
 
 from dflash_gguf.learn.store import LearnStore, Tags
@@ -115,13 +116,56 @@ def test_the_drafter_being_adapted_is_never_the_output(tiny, tmp_path, capsys):
     assert sha(drafter) == before
 
 
-@pytest.mark.parametrize("option", [("--tv", "0.9"), ("--distill", "0.5")])
-def test_adapt_refuses_a_soft_target_loss_it_could_not_apply(tiny, tmp_path, capsys, option):
-    folder, target, drafter, _ = tiny           # its data keep no top-k probabilities: --tv would be ignored
-    code = cli("train", "--adapt", tmp_path, "-m", target, "-md", drafter, "-o", tmp_path / "new.gguf", *option)
+def test_adapt_refuses_distill_which_it_does_not_apply(tiny, tmp_path, capsys):
+    folder, target, drafter, _ = tiny           # only --tv is wired to the top-k the adapting data keep
+    code = cli("train", "--adapt", tmp_path, "-m", target, "-md", drafter, "-o", tmp_path / "new.gguf",
+               "--distill", "0.5")
     err = capsys.readouterr().err
-    assert code == 2 and option[0] in err and "hard labels only" in err
+    assert code == 2 and "--distill" in err and "hard labels" in err
     assert not (tmp_path / "new.gguf").exists()
+
+
+@pytest.mark.slow
+def test_adapt_with_tv_keeps_the_targets_top_k_of_every_labelled_token(tiny, recorded, tmp_path, monkeypatch, capsys):
+    """--tv: the replayed and the recorded sequences keep the target's top-8 at row p - 1 for each token p the
+    target wrote (its distribution there, as a decode of the whole sequence gives it), -1 elsewhere."""
+    from dflash_gguf.native.lib import load
+    from dflash_gguf.native.wrappers import Batch, Context, ContextSettings, Model
+    from dflash_gguf.train.adapt import RECORDED_INDEX
+    from dflash_gguf.train.dataset import FeatureDataset, spans_of
+    from dflash_gguf.train.harvest import top_k_probs
+    folder, target, drafter, _ = tiny
+    scripted_tau(monkeypatch, 2.0, [2.1])
+    code = adapt_cli(tiny, recorded, tmp_path / "adapted.gguf", tmp_path / "work", "--tv", "0.5")
+    assert code == 0, capsys.readouterr().err
+    data = FeatureDataset(tmp_path / "work" / "data")
+    assert data.top_k == 8
+    model = Model(target)
+    ctx = Context(model, ContextSettings(n_ctx=512, n_batch=512, n_ubatch=512, n_threads=1))
+    batch = Batch(load(), 512)
+    kinds = set()
+    try:
+        for r in data.index:
+            off, n = r["offset"], r["length"]
+            ids = np.asarray(data.topk_ids[off:off + n])
+            labelled = np.zeros(n, bool)
+            for a, b in spans_of(r):
+                labelled[a - 1:b - 1] = True
+            assert labelled.any() and (ids[~labelled] == -1).all() and (ids[labelled] >= 0).all()
+            kinds.add(r["prompt_index"] >= RECORDED_INDEX)
+            if r["prompt_index"] < RECORDED_INDEX:
+                continue
+            ctx.clear()
+            batch.set_tokens(np.asarray(data.tokens[off:off + n]).tolist(), 0, "all")
+            ctx.decode(batch)
+            want_ids, want_p = top_k_probs(np.array(ctx.logits_all(n)[labelled], np.float32), 8)
+            assert np.array_equal(ids[labelled], want_ids)
+            got_p = np.asarray(data.topk_p[off:off + n], np.float32)[labelled]
+            assert np.allclose(got_p, want_p, atol=2e-3)
+    finally:
+        batch.close()
+        ctx.close()
+    assert kinds == {True, False}                              # replayed and recorded sequences both
 
 
 @pytest.mark.slow

@@ -24,14 +24,27 @@ def greedy_continuation(model, ctx, batch, prompt: list[int], max_new: int) -> l
     return out
 
 
-def prefill_features(ctx, batch, taps: list[int], seq: list[int]) -> np.ndarray:
-    """Tapped target features [len(seq), k*H] of every position of `seq` (one batched prefill pass)."""
+def prefill_features(ctx, batch, taps: list[int], seq: list[int], logits_at: np.ndarray | None = None,
+                     on_logits=None) -> np.ndarray:
+    """Tapped target features [len(seq), k*H] of every position of `seq` (one batched prefill pass). With a
+    boolean mask `logits_at` [len(seq)], on_logits(positions, logits) gets the logits of those positions, chunk by
+    chunk (a view valid during the call)."""
     ctx.set_taps(taps)
     ctx.clear()
     parts = []
     for i in range(0, len(seq), 512):
         chunk = seq[i:i + 512]
-        batch.set_tokens(chunk, i, ctx.outputs_for_taps("last"))
+        outputs = ctx.outputs_for_taps("last")
+        if logits_at is not None and outputs != "all":
+            outputs = [bool(x) for x in logits_at[i:i + len(chunk)]]
+            outputs[-1] = True                 # "last" as before, where the taps would have asked for it
+        batch.set_tokens(chunk, i, outputs)
         ctx.decode(batch, "features")
         parts.append(ctx.get_taps(0, len(chunk)))
+        if logits_at is not None:
+            rows = np.arange(len(chunk)) if outputs == "all" else np.flatnonzero(outputs)
+            logits = ctx.logits_all(len(rows))
+            wanted = logits_at[i + rows]
+            if wanted.any():
+                on_logits(i + rows[wanted], logits[wanted])
     return np.concatenate(parts)

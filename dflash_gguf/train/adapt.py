@@ -52,6 +52,16 @@ class AdaptSettings:
     threads: int = 0
     prompts: tuple[Path, ...] = ()  # the drafter's training prompts (replay, general set); (): the shipped set
     replay_dir: Path | None = None  # where replayed data is kept; None: the user cache
+    tv: float = 0.0                 # share of the loss that is the total variation to the target's top-k, which the
+                                    # replayed and recorded data then keep (0: hard labels only)
+
+    @property
+    def top_k(self) -> int:
+        """The target's most likely tokens the data keep per position (the shipped recipe's 8), 0 without --tv."""
+        return TOP_K if self.tv > 0 else 0
+
+
+TOP_K = 8
 
 
 def recorded(store_dir: Path, target: TargetFile) -> list[Conversation]:
@@ -111,12 +121,13 @@ def replay_data(target: TargetFile, taps: list[int], pool: list[dict], n: int, s
     from .pipeline import prompts_sha256  # noqa: PLC0415
     from .preflight import dataset_feature_dtype, run_checks  # noqa: PLC0415
     folder = (s.replay_dir or cache_root() / "adapt-replay") / (f"{target.sha256[:16]}-{prompts_sha256(pool)[:12]}"
-                                                                f"-taps{'-'.join(map(str, taps))}-s{s.seed}")
+                                                                f"-taps{'-'.join(map(str, taps))}-s{s.seed}"
+                                                                + (f"-k{s.top_k}" if s.top_k else ""))
     have = FeatureDataset(folder).refresh() if (folder / "index.jsonl").exists() else 0
     if have < n:
         checked = run_checks(target, pool[:64], taps, n_layers=1, block_size=2, draft_vocab=None, chat_template=None,
-                             data_dir=folder, max_tokens=None, top_k_probs=0, n_threads=s.threads)
-        settings = HarvestSettings(taps=taps, seed=s.seed, n_threads=s.threads, top_k_probs=0,
+                             data_dir=folder, max_tokens=None, top_k_probs=s.top_k, n_threads=s.threads)
+        settings = HarvestSettings(taps=taps, seed=s.seed, n_threads=s.threads, top_k_probs=s.top_k,
                                    max_new={"code": 128, "math": 160, "chat": 160},
                                    feature_dtype=dataset_feature_dtype(folder, checked.feature_dtype))
         print(f"replay: the target answers {n - have} prompts of the drafter's original distribution "
@@ -142,11 +153,12 @@ def build_dataset(folder: Path, target: TargetFile, replay, n_replay: int, train
     from .dataset import FeatureDataset, spans_of  # noqa: PLC0415
     from .harvest import DatasetWriter  # noqa: PLC0415
     from .refeature import write_with_features  # noqa: PLC0415
-    ident = hashlib.sha256(json.dumps([replay.meta.get("prompts_sha256"), n_replay,
-                                       [c.shard.name for c in train]]).encode()).hexdigest()
+    k = replay.top_k
+    ident = hashlib.sha256(json.dumps([replay.meta.get("prompts_sha256"), n_replay, [c.shard.name for c in train]]
+                                      + ([k] if k else [])).encode()).hexdigest()
     meta = {"target": target.path.name, "target_sha256": target.sha256, "prompts_sha256": ident,
             "seed": replay.meta["seed"], "taps": replay.taps, "n_embd": replay.meta["n_embd"],
-            "store_features": True, "top_k_probs": 0, "feature_dtype": replay.feature_dtype,
+            "store_features": True, "top_k_probs": k, "feature_dtype": replay.feature_dtype,
             "features": "replay: harvested; recorded: recomputed by a batched prefill"}
     old = folder / "meta.json"
     if old.exists() and json.loads(old.read_text()).get("prompts_sha256") != ident:
@@ -159,8 +171,11 @@ def build_dataset(folder: Path, target: TargetFile, replay, n_replay: int, train
         if r["prompt_index"] in writer.done:
             continue
         off, n = r["offset"], r["length"]
+        top = {"topk_ids": np.asarray(replay.topk_ids[off:off + n]),
+               "topk_p": np.asarray(replay.topk_p[off:off + n], np.float32)} if k else {}
         writer.add(np.asarray(replay.tokens[off:off + n]).tolist(), spans_of(r), {**r, "source": "replay"},
-                   prompt_index=r["prompt_index"], sampled=bool(r.get("sampled")), feats=replay.features(off, off + n))
+                   prompt_index=r["prompt_index"], sampled=bool(r.get("sampled")), feats=replay.features(off, off + n),
+                   **top)
     items = [(RECORDED_INDEX + i, c.prompt + c.answer, [[len(c.prompt), len(c.prompt) + len(c.answer)]],
               {"category": "recorded", "source": f"learn:{c.shard.name}"}) for i, c in enumerate(train)]
     write_with_features(writer, target, items, n_threads=threads)
@@ -385,7 +400,7 @@ def continued_trainer(target: TargetFile, src, source: str, data, work: Path, s:
     c = src.config
     settings = TrainSettings(n_layers=c.n_layers, block_size=c.block_size, lr=s.lr, warmup=0.05,
                              rows=s.rows or 10**12, schedule_rows_cap=s.rows is not None,
-                             schedule_seconds=seconds, eval_every=10**9, eval_seqs=16, seed=s.seed,
+                             schedule_seconds=seconds, eval_every=10**9, eval_seqs=16, seed=s.seed, tv=s.tv,
                              init_from_target=False, cut_at_first_error=True, markov_rank=c.markov_rank,
                              confidence_head=c.confidence_head)
     config = replace(drafter_config(target, list(c.target_layers), c.n_layers, c.block_size),

@@ -46,8 +46,9 @@ def register(app: typer.Typer) -> None:
                                       "probabilities kept at harvest time (0: hard labels only)"),
         tv: Optional[float] = typer.Option(None, "--tv", help="share of the loss that is the total variation to "
                                            "the target's top-k probabilities (1 - the chance a drafted token is "
-                                           "accepted); default 0.9, or 0 with --distill; not with --adapt "
-                                           "(docs/training-ab.md)"),
+                                           "accepted); default 0.9, or 0 with --distill or --adapt (with --adapt "
+                                           "its recorded and replayed data then keep the target's top-8; "
+                                           "docs/training-ab.md, docs/learning.md)"),
         cut_at_first_error: bool = typer.Option(True, "--cut-at-first-error/--no-cut-at-first-error",
                                                 help="no loss on a block's rows after the drafter's first wrong "
                                                      "slot (+0.06 engine τ at equal compute: docs/training-ab.md)"),

@@ -20,8 +20,7 @@ def resolved(options: dict) -> SimpleNamespace:
     """The options with the defaults that depend on other options filled in: --tv (0.9, or 0 with --distill or --adapt),
     --loss-vocab-extra (2048 on cpu, the whole vocabulary, -1, on cuda), -ngl (all with cuda, none on cpu)."""
     o = SimpleNamespace(**options)
-    o.tv_given = o.tv is not None           # --adapt trains on hard labels only (its data keep no top-k)
-    if o.tv is None:
+    if o.tv is None:                        # --adapt: hard labels unless --tv asks its data to keep the top-k
         o.tv = 0.0 if o.adapt is not None else 0.9 if o.distill == 0 else 0.0
     if o.loss_vocab_extra is None:
         o.loss_vocab_extra = 2048 if o.device == "cpu" else -1
@@ -57,9 +56,8 @@ def validate(o: SimpleNamespace) -> SimpleNamespace:
         (o.adapt is None or not (o.init_drafter or o.import_tokens), "--adapt", None,
          "trains on the recorded requests (--prompts: the drafter's own training prompts, for the replay): "
          "leave out --init-drafter and --import-tokens"),
-        (o.adapt is None or not (o.tv_given or o.distill), "--tv" if o.tv_given else "--distill",
-         o.tv if o.tv_given else o.distill, "--adapt trains on hard labels only: its recorded and replayed data keep "
-         "no top-k probabilities of the target; leave out --tv and --distill"),
+        (o.adapt is None or not o.distill, "--distill", o.distill, "--adapt trains on hard labels, or with --tv "
+         "SHARE on the total variation to the target's top-8 as well; leave out --distill"),
         (0 < o.replay <= 10, "--replay", o.replay, "choose a share > 0 (1: as many replayed as recorded) up to 10"),
         (o.max_minutes is None or o.max_minutes > 0, "--max-minutes", o.max_minutes, "must be > 0"),
         (o.rows is None or o.rows > 0, "--rows", o.rows, "must be > 0"),

@@ -48,9 +48,13 @@ def import_tokens(npz: Path, target: TargetFile, out_dir: Path, n_threads: int =
 def write_with_features(writer: DatasetWriter, target: TargetFile, items, n_threads: int = 0,
                         n_gpu_layers: int = 0) -> DatasetWriter:
     """Append (prompt_index, tokens, spans, row) sequences to `writer`, each with its features from one
-    batched prefill; those it holds already are skipped (resumable)."""
+    batched prefill; those it holds already are skipped (resumable). Where the writer keeps the target's top-k
+    (meta top_k_probs), the same pass gives it: at row p - 1 the distribution of the token at p, for the tokens
+    of the spans (-1 and 0 elsewhere, as the harvest keeps them)."""
     from ..native.wrappers import Batch, Context, ContextSettings  # noqa: PLC0415
     from ..textgen.greedy import prefill_features  # noqa: PLC0415
+    from .harvest import top_k_probs  # noqa: PLC0415
+    k = int(writer.meta.get("top_k_probs", 0))
     items = [x for x in items if x[0] not in writer.done]
     model = target.model(n_gpu_layers)
     longest = max((len(x[1]) for x in items), default=1)
@@ -59,9 +63,18 @@ def write_with_features(writer: DatasetWriter, target: TargetFile, items, n_thre
     t0 = time.time()
     try:
         for pi, seq, spans, row in items:
-            feats = prefill_features(ctx, batch, writer.meta["taps"], seq)
+            ids = np.full((len(seq), k), -1, np.int32) if k else None
+            probs = np.zeros((len(seq), k), np.float32) if k else None
+            labelled = np.zeros(len(seq), bool)
+            for a, b in spans:
+                labelled[max(a - 1, 0):b - 1] = True
+
+            def keep_top_k(positions, logits):
+                ids[positions], probs[positions] = top_k_probs(np.asarray(logits, np.float32), k)
+            feats = prefill_features(ctx, batch, writer.meta["taps"], seq, labelled if k else None, keep_top_k)
             feats[-1] = 0                      # the last token was never decoded during generation
-            writer.add(seq, spans, row, prompt_index=pi, sampled=bool(row.get("sampled")), feats=feats)
+            writer.add(seq, spans, row, prompt_index=pi, sampled=bool(row.get("sampled")), feats=feats,
+                       topk_ids=ids, topk_p=probs)
     finally:
         batch.close()
         ctx.close()
