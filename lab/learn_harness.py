@@ -232,6 +232,8 @@ def adapt_options(a) -> list[object]:
         options += ["--rows", a.adapt_rows]
     if a.adapt_general_drop is not None:
         options += ["--general-drop", a.adapt_general_drop]
+    if a.adapt_tv is not None:
+        options += ["--tv", a.adapt_tv]
     return options
 
 
@@ -325,6 +327,8 @@ def main() -> None:
     ap.add_argument("--adapt-replay", type=float, help="train --adapt --replay (default: its own)")
     ap.add_argument("--adapt-rows", type=int, help="train --adapt --rows (default: none, the time box alone)")
     ap.add_argument("--adapt-general-drop", type=float, help="train --adapt --general-drop (default: its own)")
+    ap.add_argument("--adapt-tv", type=float, help="train --adapt --tv: share of the loss on the target's top-8 "
+                    "(default: none, hard labels)")
     ap.add_argument("--threads", type=int, default=1, help="one thread: ggml's threads wait for each other at "
                     "every op, which a busy machine makes dear")
     ap.add_argument("--stop-after", choices=["play"], help="only record the conversations (rerun to go on)")
