@@ -37,7 +37,7 @@ def prefill_features(ctx, batch, taps: list[int], seq: list[int], logits_at: np.
         outputs = ctx.outputs_for_taps("last")
         if logits_at is not None and outputs != "all":
             outputs = [bool(x) for x in logits_at[i:i + len(chunk)]]
-            outputs[-1] = True                 # "last" as before, where the taps would have asked for it
+            outputs[-1] = True                 # the one output row "last" asked for, kept
         batch.set_tokens(chunk, i, outputs)
         ctx.decode(batch, "features")
         parts.append(ctx.get_taps(0, len(chunk)))

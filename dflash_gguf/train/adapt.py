@@ -33,6 +33,7 @@ from ..target_file import TargetFile
 from .options import ADAPT_LR
 
 RECORDED_INDEX = 10_000_000     # dataset prompt_index of recorded conversation i (replay ones count from 0)
+TOP_K = 8                       # the target's most likely tokens kept per position with --tv (the shipped recipe's)
 
 
 @dataclass
@@ -57,11 +58,9 @@ class AdaptSettings:
 
     @property
     def top_k(self) -> int:
-        """The target's most likely tokens the data keep per position (the shipped recipe's 8), 0 without --tv."""
+        """TOP_K with --tv, 0 (hard labels: the data keep no top-k) without."""
         return TOP_K if self.tv > 0 else 0
 
-
-TOP_K = 8
 
 
 def recorded(store_dir: Path, target: TargetFile) -> list[Conversation]:

@@ -366,12 +366,12 @@ struct Tile {
     // interleaved rows well, so fetch the next tile in step with this one. Measured over the 30 SmolLM2
     // layers (Q4_1, 63 MB, 1 thread): without it B=1 took 8.9 ms (ggml's vec_dot: 7.5), with it 5.4;
     // prefetching 2 or 4 tiles ahead was not better, nor (there, at B=1) into L2 only.
-    // Into L2, not L1 (2026-12-03): a tile ahead is a whole tile's blocks (9 KB of 8 Q4_K rows of 2048, 27 KB of 6144), and
-    // fetched into L1 beside the tile in use and a batch's activations (8 columns of 6144: 49 KB) it pushed out
-    // what the dot steps were about to read. Zen 4 (32 KB L1), 1 thread, 65,536 x 2048 weights, in-process
-    // alternation, medians: Q4_K B = 1 5.0 -> 3.4 ms, B = 8 10.7 -> 9.9 and 10.7 -> 11.2 in two runs, Q8_0 4.6 / 6.2 -> 3.3 / 3.4, Q5_K 8.2 / 16.5
-    // -> 6.5 / 14.3, Q6_K 5.4 / 16.2 -> 5.3 / 13.8; the ~2B Q4_K_M target, 2 threads: B = 1 / 4 / 8 -5 % / -12 % /
-    // -4..-10 %, its Q4_0 -14 % / -9 % / -8 %.
+    // Into L2, not L1 (2026-12-03): a tile ahead is a whole tile's blocks (9 KB of 8 Q4_K rows of 2048, 27 KB
+    // of 6144), and fetched into L1 beside the tile in use and a batch's activations (8 columns of 6144: 49 KB)
+    // it pushed out what the dot steps were about to read. Zen 4 (32 KB L1), 1 thread, 65,536 x 2048 weights,
+    // in-process alternation, medians: Q4_K B = 1 5.0 -> 3.4 ms, B = 8 10.7 -> 9.9 and 10.7 -> 11.2 in two runs,
+    // Q8_0 B = 1 / 8 4.6 / 6.2 -> 3.3 / 3.4, Q5_K 8.2 / 16.5 -> 6.5 / 14.3, Q6_K 5.4 / 16.2 -> 5.3 / 13.8; the ~2B
+    // Q4_K_M target, 2 threads: B = 1 / 4 / 8 -5 % / -12 % / -4..-10 %, its Q4_0 -14 % / -9 % / -8 %.
     // Part `part` of `parts` of it: the K-quants' blocks are large (28 lines of Q6_K's 8 rows), and one burst of
     // prefetches waits for free miss buffers where unpacking and dot steps could run
     DFLASH_INLINE void prefetch_next(int64_t b, int part = 0, int parts = 1) const {
