@@ -835,11 +835,12 @@ bool pairs_wanted(int64_t n_cols) {
     return n_cols >= R::SPLIT_RATE_MIN_COLS || (n_cols >= R::MIN_COLS && dflash_cpu_wide_k_tiles());
 }
 
-// Tiles tile0..tile1 of the product (tile_gemm), in order; the next tile is fetched ahead within the range
+// Tiles tile0..tile1 of the product (tile_gemm), in order; the next tile is fetched ahead within the range, and
+// after its last tile the rows at `after` (the first tile of the thread's next range, or nullptr)
 template <class Format>
 void tile_range(int64_t tile0, int64_t tile1, int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
                 size_t a_row_bytes, const Activations<Format> & act, bool rowwise, bool interleaved, size_t row_data,
-                Scratch<Format> & scratch, float * C, int64_t ldc) {
+                Scratch<Format> & scratch, float * C, int64_t ldc, const char * after) {
 #if DFLASH_CPU_GEMM_V16
     const bool pairs = !rowwise && pairs_wanted<Format>(n_cols);
 #endif
@@ -852,7 +853,7 @@ void tile_range(int64_t tile0, int64_t tile1, int64_t n_rows, int64_t n_cols, in
         if constexpr (Format::TILED && Format::PAIR_TILES) {
             if (pairs && t + 1 < tile1 && r0 + 2 * TILE_ROWS <= n_rows) {
                 const Tile pair{(const char *) A + r0 * a_row_bytes, a_row_bytes,
-                                t + 2 < tile1 ? (const char *) A + (r0 + 2 * TILE_ROWS) * a_row_bytes : nullptr,
+                                t + 2 < tile1 ? (const char *) A + (r0 + 2 * TILE_ROWS) * a_row_bytes : after,
                                 2 * TILE_ROWS * a_row_bytes / n_blocks, interleaved};
                 tile_in_lanes<Format, V16>(pair, V16::ROWS, n_blocks, n_cols, act, scratch.packed16, C, ldc, r0);
                 t += 2;
@@ -861,7 +862,7 @@ void tile_range(int64_t tile0, int64_t tile1, int64_t n_rows, int64_t n_cols, in
         }
 #endif
         Tile tile{(const char *) A + r0 * a_row_bytes, a_row_bytes,
-                  t + 1 < tile1 ? (const char *) A + (r0 + TILE_ROWS) * a_row_bytes : nullptr,
+                  t + 1 < tile1 ? (const char *) A + (r0 + TILE_ROWS) * a_row_bytes : after,
                   TILE_ROWS * a_row_bytes / n_blocks, interleaved};
         if (valid < TILE_ROWS) {   // pad with copies of the last row; their results are dropped
             char * pad = grow(scratch.tail, TILE_ROWS * row_data);
@@ -892,9 +893,13 @@ void tile_range(int64_t tile0, int64_t tile1, int64_t n_rows, int64_t n_cols, in
 }
 
 // Rows are shared by chunks of whole tiles (gemm.h: dflash_cpu_next_chunk); threads that claim chunks get this many
-// each on average (ggml's own matrix multiplies cut theirs so too), so one slowed down leaves little of the product
-// to the others at the end
-constexpr int64_t CHUNKS_PER_THREAD = 4;
+// each on average, so one slowed down leaves little of the product to the others at the end. A thread claims its
+// next chunk before it runs the current one, so that the next chunk's first tile is fetched ahead like any other
+// (a chunk used to open on weights not yet fetched). 4 a thread before (2026-12-03), 16 since: on the ~2B Q4_K_M
+// target at 2 threads the time threads waited for each other at the end of Q4_K products fell from ~5 % of their
+// time to ~2 % and, in-process alternation (3 x 40 rounds), t(8) 0.96-0.98x, t(1) 0.97-0.99x; 16 without
+// claiming ahead was slower (each chunk's first tile stalled), 32 no better than 16 (docs/cpu-kernels.md).
+constexpr int64_t CHUNKS_PER_THREAD = 16;
 
 // The whole product for one format; Format::column_scale gives each activation block's Format::Scale.
 // interleaved: A's tiles of 8 rows word-interleaved (n_rows a multiple of 8; formats whose unpacking reads them:
@@ -929,9 +934,15 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
     GGML_ASSERT(!interleaved || (Format::TILED && n_rows % TILE_ROWS == 0));
     const size_t row_data = n_blocks * sizeof(typename Format::Block);
 
-    for (int64_t chunk = ith; chunk < n_chunks; chunk = claiming ? next_chunk(pool) : n_chunks) {
-        tile_range(n_tiles * chunk / n_chunks, n_tiles * (chunk + 1) / n_chunks, n_rows, n_cols, n_blocks, A,
-                   a_row_bytes, act, rowwise, interleaved, row_data, scratch, C, ldc);
+    const auto first_tile = [&](int64_t chunk) { return n_tiles * chunk / n_chunks; };
+    int64_t chunk = ith;
+    int64_t next = claiming ? next_chunk(pool) : n_chunks;
+    while (chunk < n_chunks) {
+        const char * after = next < n_chunks ? (const char *) A + first_tile(next) * TILE_ROWS * a_row_bytes : nullptr;
+        tile_range(first_tile(chunk), first_tile(chunk + 1), n_rows, n_cols, n_blocks, A, a_row_bytes, act, rowwise,
+                   interleaved, row_data, scratch, C, ldc, after);
+        chunk = next;
+        next = claiming && chunk < n_chunks ? next_chunk(pool) : n_chunks;
     }
 }
 
