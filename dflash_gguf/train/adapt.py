@@ -62,7 +62,6 @@ class AdaptSettings:
         return TOP_K if self.tv > 0 else 0
 
 
-
 def recorded(store_dir: Path, target: TargetFile) -> list[Conversation]:
     """The store's conversations, distinct; a store (or any shard of it) from another target is refused."""
     convs = LearnStore(store_dir).read()
