@@ -13,7 +13,8 @@ a persona domain sends them as a desktop app would: the same system prompt, with
   measure  τ as `bench --tau` measures it (bench.tau.measure_taus: both drafters along the same greedy
            continuations) on --test other prompts of the domain (a persona's with its system prompt) and on
            ../shared/prompts (first --shared per category, no system prompt); `bench --baselines plain,hybrid`
-           speedup on --speedup of the domain's test prompts (not for personas: bench prompts have no system turn);
+           speedup on --speedup of the domain's test prompts (a persona's as whole chat requests, system
+           prompt included);
            greedy output with the best checkpoint against plain decoding on --greedy test prompts
 Everything runs on the embedded default (SmolLM2-135M-Instruct Q4_1 + the shipped drafter). Results go to
 <work>/<domain>/result.json and a markdown table on stdout. ../shared/prompts is measured, never trained on.
@@ -92,6 +93,13 @@ def domain_rows(name: str) -> list[dict]:
     return [{**r, "format": "chat", "messages": [{"role": "system", "content": persona.system},
                                                  {"role": "user", "content": persona.user_turn(r)}]}
             for r in out if persona.asks(r)]
+
+
+def bench_row(name: str, row: dict) -> dict:
+    """A test prompt as a `bench --prompts` line: a persona's as its whole chat request."""
+    if "messages" not in row:
+        return row
+    return {"id": row["id"], "category": name, "messages": row["messages"]}
 
 
 def cli(*args: object) -> list[str]:
@@ -211,7 +219,7 @@ def greedy_equal(drafter: Path, rows: list[dict], a) -> dict:
 
 
 def speedup(name: str, drafter: Path, prompts: Path, out: Path, a, log: Path) -> dict | None:
-    if not a.speedup or name in PERSONAS:
+    if not a.speedup:
         return None
     if not out.exists():
         run(cli("bench", "-md", drafter, "--prompts", prompts, "-n", a.max_tokens, "-t", a.threads,
@@ -246,7 +254,8 @@ def domain(name: str, a) -> dict:
     if len(rows) < need:
         raise SystemExit(f"domain {name}: {len(rows)} held-back prompts, fewer than --conversations + --test ({need})")
     speed_file = work / "speed.jsonl"
-    speed_file.write_text("".join(json.dumps(r) + "\n" for r in rows[a.conversations:a.conversations + a.speedup]))
+    speed_file.write_text("".join(json.dumps(bench_row(name, r)) + "\n"
+                                  for r in rows[a.conversations:a.conversations + a.speedup]))
     store = work / "store"
     played = play(rows, store, a, log)
     if a.stop_after == "play":

@@ -302,3 +302,75 @@ def test_tools_read_the_prompt_we_tokenized(which):
     for_tools = text_for_tools(model, text, tokens)
     assert model.tokenize(for_tools, add_special=True) == tokens
     assert (for_tools != text) == (which == "gemma3")
+
+
+PERSONA = [{"role": "system", "content": "You are DebHelp. Answer with one sh code block."},
+           {"role": "user", "content": "How do I list held packages?"}]
+
+
+def test_prompt_rows_take_a_whole_chat_request(tmp_path):
+    """A row may give `messages` (a desktop app's request, system prompt included) instead of `prompt`."""
+    from dflash_gguf.bench.prompts import read_rows
+    f = tmp_path / "persona.jsonl"
+    f.write_text(json.dumps({"id": "a", "category": "chat", "messages": PERSONA}) + "\n"
+                 + json.dumps({"id": "b", "prompt": "hello"}) + "\n")
+    a, b = read_rows([f], None)
+    assert a == {"id": "a", "category": "chat", "prompt": PERSONA[-1]["content"], "messages": PERSONA}
+    assert b == {"id": "b", "category": "persona", "prompt": "hello"}
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"prompt": "x", "messages": PERSONA}, "not both"),
+    ({"messages": PERSONA, "format": "completion"}, "a completion row gives 'prompt'"),
+    ({"messages": []}, "non-empty list"),
+    ({"messages": "hi"}, "non-empty list"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0] must be"),
+    ({"messages": [{"role": "user", "content": ""}]}, "messages[0] must be"),
+    ({"messages": PERSONA[:1]}, "the last of 'messages' must be the user's turn"),
+    ({"text": "x"}, "a 'prompt' or a 'messages' field"),
+    ([1, 2], "a 'prompt' or a 'messages' field"),
+])
+def test_bad_chat_request_rows_are_refused_with_file_and_line(tmp_path, row, message):
+    from dflash_gguf.bench.prompts import read_rows
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "fine"}) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(UserError) as e:
+        read_rows([f], None)
+    assert f"{f}:2" in str(e.value) and message in str(e.value)
+
+
+def test_a_chat_request_row_reads_as_serve_renders_it(tmp_path):
+    """bench's prompts and `bench --tau`'s both render the whole request (system turn included) through the
+    target's template, the tokens `serve` decodes for that request."""
+    from types import SimpleNamespace
+
+    from dflash_gguf.bench.prompts import prepare, read_rows
+    from dflash_gguf.native.wrappers import Model
+    from dflash_gguf.packaged_models import smollm2
+    from dflash_gguf.textgen.chat import render_model_chat
+    from dflash_gguf.textgen.prompting import format_prompt
+    f = tmp_path / "persona.jsonl"
+    f.write_text(json.dumps({"category": "code", "messages": PERSONA}) + "\n")
+    rows = read_rows([f], None)
+    model = Model(smollm2("q4_1"))
+    try:
+        (bp,) = prepare(rows, SimpleNamespace(target_model=model))
+        want = model.tokenize(render_model_chat(model, PERSONA), add_special=False)
+        assert bp.tokens == want == format_prompt(model, rows[0])
+        assert PERSONA[0]["content"] in bp.text and bp.category == "code"
+        alone = model.tokenize(render_model_chat(model, PERSONA[1:]), add_special=False)
+        assert alone != want
+    finally:
+        model.close()
+
+
+def test_bench_runs_a_chat_request_file(files):
+    target, drafter, _, d = files
+    f = d / "requests.jsonl"
+    f.write_text(json.dumps({"id": "r", "category": "chat", "messages": [
+        {"role": "system", "content": "t3 t4"}, {"role": "user", "content": "t5 t6 t7"}]}) + "\n")
+    out = d / "requests.json"
+    _bench((target, drafter, f, d), "--baselines", "plain,dflash", "--json", str(out))
+    rep = json.loads(out.read_text())
+    assert {x["baseline"] for x in rep["runs"]} == {"plain", "dflash"}
+    assert all(x["category"] == "chat" for x in rep["runs"])

@@ -1,7 +1,9 @@
-"""Benchmark prompts from JSONL files: `prompt` (+ optional `id`, `category`, `format`) per line.
+"""Benchmark prompts from JSONL files: `prompt` or `messages` (+ optional `id`, `category`, `format`) per line.
 
 Code prompts (or `"format": "completion"`) are raw completions; the others (chat, math, ...) go through the target's chat template,
-exactly as `dflash-gguf run --chat` formats them.
+exactly as `dflash-gguf run --chat` formats them. `messages` is a whole chat request as a desktop app sends it
+(`[{"role": "system", ...}, {"role": "user", ...}]`, OpenAI's shape, the last turn the user's), rendered the way
+`serve` renders that request.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ class BenchPrompt:
 
 
 def read_rows(files: list[Path], limit: int | None) -> list[dict]:
-    """Rows with id/category/prompt; at most `limit` per category, in file order."""
+    """Rows with id/category/prompt (and `messages` where a row gives a chat request); at most `limit` per
+    category, in file order."""
     rows, per_cat = [], {}
     for f in files:
         if not f.is_file():
@@ -30,31 +33,59 @@ def read_rows(files: list[Path], limit: int | None) -> list[dict]:
         for i, line in enumerate(f.read_text(encoding="utf-8").splitlines()):
             if not line.strip():
                 continue
+            where = f"--prompts {f}:{i + 1}"
             try:
                 row = json.loads(line)
-                text = row["prompt"]
-            except (ValueError, KeyError, TypeError):
-                raise UserError(f"--prompts {f}:{i + 1}: expected a JSON object with a 'prompt' field") from None
+            except ValueError:
+                row = None
+            if not isinstance(row, dict) or not ("prompt" in row or "messages" in row):
+                raise UserError(f"{where}: expected a JSON object with a 'prompt' or a 'messages' field")
+            messages = _messages(row, where) if "messages" in row else None
+            text = messages[-1]["content"] if messages else row["prompt"]
             if not isinstance(text, str) or not text:
-                raise UserError(f"--prompts {f}:{i + 1}: 'prompt' must be a non-empty string")
+                raise UserError(f"{where}: 'prompt' must be a non-empty string")
             cat = str(row.get("category") or f.stem)
             if limit is not None and per_cat.get(cat, 0) >= limit:
                 continue
             per_cat[cat] = per_cat.get(cat, 0) + 1
             rows.append({"id": str(row.get("id", f"{f.stem}-{i + 1}")), "category": cat, "prompt": text}
-                        | ({"format": row["format"]} if "format" in row else {}))
+                        | ({"format": row["format"]} if "format" in row else {})
+                        | ({"messages": messages} if messages else {}))
     if not rows:
         raise UserError(f"--prompts {' '.join(map(str, files))}: no prompts found")
     return rows
 
 
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def _messages(row: dict, where: str) -> list[dict]:
+    """A row's chat request, checked: roles from CHAT_ROLES, text contents, the last turn the user's."""
+    messages = row["messages"]
+    if row.get("prompt") is not None:
+        raise UserError(f"{where}: give 'prompt' or 'messages', not both")
+    if row.get("format") == "completion":
+        raise UserError(f"{where}: 'messages' is a chat request; a completion row gives 'prompt'")
+    if not isinstance(messages, list) or not messages:
+        raise UserError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
+    for k, m in enumerate(messages):
+        if not (isinstance(m, dict) and m.get("role") in CHAT_ROLES and isinstance(m.get("content"), str)
+                and m["content"]):
+            raise UserError(f"{where}: messages[{k}] must be {{'role': one of {', '.join(CHAT_ROLES)}, "
+                            f"'content': a non-empty string}}")
+    if messages[-1]["role"] != "user":
+        raise UserError(f"{where}: the last of 'messages' must be the user's turn (bench decodes the answer)")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
 def prepare(rows: list[dict], engine, chat_template: str | None = None) -> list[BenchPrompt]:
     """Chat categories through the model's template (textgen.chat.model_template, or --chat-template); a model
-    with none and no built-in that fits reads them raw, as before templates had a fallback."""
+    with none and no built-in that fits reads them raw (a `messages` row: its turns one after the other, a blank
+    line between), as before templates had a fallback."""
     import sys  # noqa: PLC0415
 
     from ..textgen.chat import ChatTemplateError, model_template, render_model_chat  # noqa: PLC0415
-    from ..textgen.prompting import is_completion  # noqa: PLC0415
+    from ..textgen.prompting import chat_messages, is_completion  # noqa: PLC0415
     model = engine.target_model
     try:
         chosen = model_template(model, chat_template)
@@ -68,9 +99,10 @@ def prepare(rows: list[dict], engine, chat_template: str | None = None) -> list[
         template = None
     out = []
     for row in rows:
-        text = row["prompt"]
+        messages = chat_messages(row)
+        text = "\n\n".join(m["content"] for m in messages)
         if template is not None and not is_completion(row):
-            text = render_model_chat(model, [{"role": "user", "content": text}], template=template)
+            text = render_model_chat(model, messages, template=template)
             tokens = model.tokenize(text, add_special=False)
         else:
             tokens = model.tokenize(text, add_special=True)

@@ -1,4 +1,4 @@
-"""Prompt rows as the target reads them: raw completions, or user turns through its chat template."""
+"""Prompt rows as the target reads them: raw completions, or chat requests through its chat template."""
 
 from __future__ import annotations
 
@@ -6,8 +6,16 @@ from .chat import render_model_chat
 
 
 def is_completion(row: dict) -> bool:
-    """Rows say `format`; older rows only a category (code prompts were raw completions)."""
+    """Rows say `format`; older rows only a category (code prompts were raw completions); a row with chat
+    `messages` is a chat request."""
+    if "messages" in row:
+        return False
     return row.get("format", "completion" if row.get("category") == "code" else "chat") == "completion"
+
+
+def chat_messages(row: dict) -> list[dict]:
+    """A chat row's request: its `messages` (a system prompt and earlier turns), or its prompt as one user turn."""
+    return row.get("messages") or [{"role": "user", "content": row["prompt"]}]
 
 
 def format_prompt(model, row: dict, template: str | None = None) -> list[int]:
@@ -15,7 +23,7 @@ def format_prompt(model, row: dict, template: str | None = None) -> list[int]:
     textgen.chat.model_template picks it), exactly as run --chat and serve render them."""
     if is_completion(row):
         return model.tokenize(row["prompt"], add_special=True)
-    text = render_model_chat(model, [{"role": "user", "content": row["prompt"]}], template=template)
+    text = render_model_chat(model, chat_messages(row), template=template)
     return model.tokenize(text, add_special=False)
 
 
