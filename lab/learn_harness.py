@@ -192,11 +192,10 @@ def rendered(rows: list[dict]) -> list[dict]:
     if not any("messages" in r for r in rows):
         return rows
     from dflash_gguf.native.wrappers import Model
-    from dflash_gguf.textgen.chat import render_model_chat
+    from dflash_gguf.textgen.prompting import format_prompt
     model = Model(smollm2_q4_1())
     try:
-        return [{**r, "tokens": model.tokenize(render_model_chat(model, r["messages"]), add_special=False)}
-                if "messages" in r else r for r in rows]
+        return [{**r, "tokens": format_prompt(model, r)} if "messages" in r else r for r in rows]
     finally:
         model.close()
 
