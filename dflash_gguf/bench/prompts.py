@@ -99,12 +99,11 @@ def prepare(rows: list[dict], engine, chat_template: str | None = None) -> list[
         template = None
     out = []
     for row in rows:
-        messages = chat_messages(row)
-        text = "\n\n".join(m["content"] for m in messages)
         if template is not None and not is_completion(row):
-            text = render_model_chat(model, messages, template=template)
+            text = render_model_chat(model, chat_messages(row), template=template)
             tokens = model.tokenize(text, add_special=False)
-        else:
+        else:   # raw: a completion's prompt, or a chat request's turns one after the other
+            text = "\n\n".join(m["content"] for m in chat_messages(row))
             tokens = model.tokenize(text, add_special=True)
         out.append(BenchPrompt(row["id"], row["category"], text, tokens, text_for_tools(model, text, tokens)))
     return out
