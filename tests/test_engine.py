@@ -426,3 +426,34 @@ def test_every_draft_source_equals_plain_on_smollm2():
         engine.close()
         lookup_only.close()
     assert all(drafted.values()), drafted
+
+
+def test_lookup_drafts_from_recorded_answers_and_output_stays_plain_on_smollm2():
+    """The hybrid source with a corpus of earlier answers (serve --learn's): on prompts whose answers the corpus
+    holds, the target accepts tokens drafted from it, and every output equals plain greedy's; on
+    prompts it does not hold, output equals plain too. Adaptive policy (the default), so the corpus's matches are
+    priced apart from the request's own."""
+    from dflash_gguf.engine.session import Engine
+    from dflash_gguf.engine.sources.corpus import Corpus
+    from dflash_gguf.settings import EngineSettings
+    from helpers.engine import project_prompts
+    corpus = Corpus()
+    engine = Engine(EngineSettings(n_ctx=1024, n_threads=2, draft_source="hybrid"), corpus=corpus)
+    lookup = engine.decoder("hybrid").lookup
+    assert lookup.corpus is corpus
+    prompts = [engine.tokenize(t, add_special=False) for t in project_prompts(per_category=3)]
+    try:
+        refs = [engine.generate(p, 64, speculative=False).tokens for p in prompts]
+        for ref in refs[:5]:
+            corpus.add(ref)
+        accepted = {False: 0, True: 0}
+        for i, (p, ref) in enumerate(zip(prompts, refs)):
+            for use in (False, True):
+                lookup.corpus = corpus if use else None
+                res = engine.generate(p, 64)
+                assert res.tokens == ref, f"prompt {i}, corpus {'on' if use else 'off'}: diverged from plain"
+                if i < 5:
+                    accepted[use] += res.n_corpus_accepted
+    finally:
+        engine.close()
+    assert accepted[False] == 0 and accepted[True] > 20, accepted

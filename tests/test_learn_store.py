@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from dflash_gguf.engine.sources.corpus import Corpus
 from dflash_gguf.errors import UserError
 from dflash_gguf.learn.store import LearnStore, Recorder, Tags, recorder_for
 
@@ -128,6 +129,7 @@ def test_the_server_records_finished_requests_with_learn(tmp_path):
     target = tmp_path / "t.gguf"
     target.write_bytes(b"target bytes")
     srv, template = _serve(tmp_path, Recorder(LearnStore(tmp_path / "learn", 2**20), target))
+    srv.worker.corpus = corpus = Corpus()
     try:
         _chat(srv, "Hi")
         r = httpx.post(srv.base + "/v1/completions", json={"prompt": "def f():", "max_tokens": 4}, timeout=30)
@@ -143,6 +145,8 @@ def test_the_server_records_finished_requests_with_learn(tmp_path):
     assert chat.tags.template_sha256 == hashlib.sha256(template.encode()).hexdigest()
     assert bytes(completion.prompt) == b"def f():" and bytes(completion.answer) == b"Hell"
     assert completion.tags.template_sha256 is None
+    # each finished answer joined the lookup's corpus, which the next request drafts from
+    assert corpus.answers == [chat.answer, completion.answer]
 
 
 def test_without_learn_the_server_writes_no_file(tmp_path, monkeypatch):

@@ -60,10 +60,12 @@ def register(app: typer.Typer) -> None:
         settings = EngineSettings.from_env(target=model, drafter=draft, **engine_options)
         inputs = check_inputs(settings, speculative=not plain)
         from ..learn.store import recorder_for
+        from .sources.corpus import DEFAULT_MAX_TOKENS, Corpus
         recorder = recorder_for(learn, learn_max_mb, inputs.target)
         if recorder is not None:
             print(recorder.announce(), file=sys.stderr)
-        engine = Engine(inputs, speculative=not plain)
+        corpus = Corpus(recorder.recent_answers(DEFAULT_MAX_TOKENS)) if recorder is not None else None
+        engine = Engine(inputs, speculative=not plain, corpus=corpus)
         try:
             tokens, template = _prompt_tokens(engine, prompt, chat, think, template_choice)
             report = _generate(engine, tokens, n_predict, sampling, stream=not as_json, speculative=not plain)

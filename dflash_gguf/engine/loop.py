@@ -57,6 +57,7 @@ class GenerationResult:
     n_lookup_steps: int = 0                # verifies of lookup continuations alone
     n_lookup_drafted: int = 0              # drafts from the lookup (alone or in the drafter's block), in n_drafted
     n_lookup_accepted: int = 0
+    n_corpus_accepted: int = 0             # of those, drafted from earlier answers (engine/sources/corpus.py)
     slots: SlotCounts = field(default_factory=SlotCounts)
     timings: Timings = field(default_factory=Timings)
 
@@ -91,6 +92,7 @@ class GenerationResult:
         return {"tau": round(self.tau, 4), "n_target_calls": self.n_target_calls, "n_plain_steps": self.n_plain_steps,
                 "n_drafted": self.n_drafted, "n_accepted": self.n_accepted, "n_lookup_steps": self.n_lookup_steps,
                 "n_lookup_drafted": self.n_lookup_drafted, "n_lookup_accepted": self.n_lookup_accepted,
+                "n_corpus_accepted": self.n_corpus_accepted,
                 "acceptance_per_slot": [round(x, 4) for x in self.acceptance_per_slot],
                 "tok_s": round(self.tok_s, 2), "n_prompt": self.n_prompt, "n_generated": len(self.tokens),
                 "finish_reason": self.finish_reason,
@@ -119,7 +121,7 @@ class SpecDecoder:
         if lookup is not None:
             policy.has_drafter = drafter is not None
             if policy.lookup is None:
-                policy.use_lookup(lookup.max_ngram)
+                policy.use_lookup(lookup.match_classes)
         self.debug_check_positions = False
 
     # -- the loop ------------------------------------------------------------------------------
@@ -232,6 +234,8 @@ class SpecDecoder:
         res.n_lookup_steps += lookup is not None
         res.n_lookup_drafted += n_looked_up
         res.n_lookup_accepted += min(verdict.n_accepted, n_looked_up)
+        if lookup is not None and self._offered and self._offered[0] > self.lookup.max_ngram:
+            res.n_corpus_accepted += min(verdict.n_accepted, n_looked_up)
         res.slots.record(n, verdict.n_accepted)
         res.timings.draft_s += t1 - t0
         res.timings.verify_s += t2 - t1

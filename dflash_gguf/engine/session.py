@@ -19,6 +19,7 @@ from .loop import GenerationResult, SpecDecoder, TokenCallback
 from .policy import CostCache, CostCurve, DraftLengthPolicy, measure_cost_curve
 from .sampling import SamplingParams
 from .sources import open_drafter
+from .sources.corpus import Corpus
 from .sources.lookup import LookupSource
 from .target import Target
 from .token_probs import TokenProbs, rescore
@@ -60,9 +61,11 @@ class Engine:
     source (dflash: the drafter, lookup: prompt lookup, hybrid: both, picked per step), `spec` the settings' one."""
 
     def __init__(self, settings: EngineSettings | EngineInputs, *, speculative: bool = True,
-                 calibrate: bool | None = None):
+                 calibrate: bool | None = None, corpus: Corpus | None = None):
         """settings: checked here (check_inputs), or what check_inputs returned where a command checked them
-        earlier (serve refuses bad files before it listens and loads the engine later)."""
+        earlier (serve refuses bad files before it listens and loads the engine later). corpus: earlier answers
+        the lookup drafts from where a request's own text has no match (--learn; the caller may add to it)."""
+        self.corpus = corpus
         from ..native.offload import moe_overrides  # noqa: PLC0415
         inputs = settings if isinstance(settings, EngineInputs) else check_inputs(settings, speculative=speculative)
         settings, target_path, drafter_path = inputs.settings, inputs.target, inputs.drafter
@@ -118,7 +121,8 @@ class Engine:
             drafter = None if source == "lookup" else self.drafter
             if drafter is None and source != "lookup":
                 return self.plain
-            lookup = LookupSource(self.target_model.n_vocab, self.draft_max + 1) if source != "dflash" else None
+            lookup = LookupSource(self.target_model.n_vocab, self.draft_max + 1, corpus=self.corpus) \
+                if source != "dflash" else None
             policy = DraftLengthPolicy(self.draft_max, min(self.settings.draft_min, self.draft_max),
                                        adaptive=self.settings.adaptive, cost=self.cost,
                                        lookup_max=self.lookup_max if lookup is not None else None)

@@ -145,12 +145,30 @@ class Recorder:
         the drafter file it ran with (None: no drafter)."""
         return self.store.record(Tags(*self.target, *file_tag(drafter), text_sha256(template)), prompt, answer)
 
+    def recent_answers(self, max_tokens: int) -> list[list[int]]:
+        """The newest recorded answers of this target, oldest first, up to about max_tokens tokens in all (what
+        the lookup's corpus holds); shards that are not ones, or of another target, are passed over."""
+        answers: list[list[int]] = []
+        total = 0
+        for path in reversed(self.store.shards()):
+            if total >= max_tokens:
+                break
+            try:
+                c = _parse(path)
+            except UserError:
+                continue
+            if c.tags.target_sha256 == self.target[1] and c.answer:
+                answers.append(c.answer)
+                total += len(c.answer)
+        return answers[::-1]
+
     def announce(self) -> str:
         cap = "no size cap" if self.store.max_bytes is None else \
             f"at most {self.store.max_bytes / 2**20:g} MB, oldest out first"
         return (f"learning: each finished request's prompt and answer token ids are recorded in {self.store.root} "
                 f"({cap}; tagged with target sha256 {self.target[1][:12]}…, the template and the drafter); "
-                f"nothing else is stored. Adapt the drafter on them: dflash-gguf train --adapt {self.store.root}")
+                f"nothing else is stored. The answers recorded so far draft by lookup where they repeat; adapt the drafter "
+                f"on them: dflash-gguf train --adapt {self.store.root}")
 
 
 def recorder_for(folder: Path | None, max_mb: float, target: Path) -> Recorder | None:

@@ -53,6 +53,7 @@ def register(app: typer.Typer) -> None:
             raise SetupError("serve needs the server extra: pip install 'dflash-gguf[server]'") from None
 
         from ..engine.session import Engine, check_inputs
+        from ..engine.sources.corpus import DEFAULT_MAX_TOKENS, Corpus
         from ..learn.store import recorder_for
         from ..settings import EngineSettings
         from .app import ServerConfig, create_app
@@ -74,13 +75,15 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--cache-ram {cache_ram}: must be >= 0 MiB, or -1 for no limit")
         cache = CacheSettings(cache_prompt, None if cache_ram == -1 else cache_ram << 20, slot_save_path)
         recorder = recorder_for(learn, learn_max_mb, inputs.target)
-        worker = EngineWorker(lambda: _load_engine(Engine, inputs, inputs.target, plain), log=log, cache=cache,
-                              recorder=recorder)
+        corpus = Corpus(recorder.recent_answers(DEFAULT_MAX_TOKENS)) if recorder is not None else None
+        worker = EngineWorker(lambda: _load_engine(Engine, inputs, inputs.target, plain, corpus), log=log,
+                              cache=cache, recorder=recorder, corpus=corpus)
         model_id = alias or (target.stem if target else "smollm2-135m-instruct-dflash")
         app = create_app(worker, ServerConfig(model_id, api_key, tuple(cors_origin), max_tokens, template))
         _announce(host, port, api_key, log)
         if recorder is not None:
             log(recorder.announce())
+            log(f"lookup drafts from {len(corpus)} recorded answers ({corpus.n_tokens} tokens) and each new one")
         log(f"loading {target or 'the embedded default model'} in the background; /health answers 503 until "
             "it is ready")
         worker.start()
@@ -115,11 +118,11 @@ def register(app: typer.Typer) -> None:
                 typer.echo("    no drafter found for it (train one: dflash-gguf train)")
 
 
-def _load_engine(engine_class, settings, target: Path, plain: bool):
+def _load_engine(engine_class, settings, target: Path, plain: bool, corpus=None):
     """The engine, or an error naming the model file (shown by /health, every request and the log); settings:
-    EngineSettings, or the EngineInputs check_inputs returned."""
+    EngineSettings, or the EngineInputs check_inputs returned; corpus: the recorded answers (--learn)."""
     try:
-        return engine_class(settings, speculative=not plain)
+        return engine_class(settings, speculative=not plain, corpus=corpus)
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - whatever failed, the person needs to know which file

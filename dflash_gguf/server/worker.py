@@ -85,10 +85,11 @@ class EngineWorker:
     """States: loading → ready (or failed). `submit` hands a job to the engine thread."""
 
     def __init__(self, make_engine: Callable[[], object], log: Callable[[str], None] | None = None,
-                 cache: CacheSettings | None = None, recorder=None):
-        """recorder: a learn.store.Recorder that keeps each finished request (serve --learn), or None."""
+                 cache: CacheSettings | None = None, recorder=None, corpus=None):
+        """recorder: a learn.store.Recorder that keeps each finished request (serve --learn), or None; corpus:
+        the engine's index of recorded answers (engine/sources/corpus.py), which each finished answer joins."""
         self._make_engine = make_engine
-        self.recorder = recorder
+        self.recorder, self.corpus = recorder, corpus
         self._log = log or (lambda msg: None)
         self.engine = None
         self.cache: PromptCache | None = None
@@ -204,6 +205,8 @@ class EngineWorker:
         """Keep a finished request for `train --adapt` (serve --learn); the answer is out already."""
         if self.recorder is None or not result.tokens:
             return
+        if self.corpus is not None:
+            self.corpus.add(result.tokens)     # the next request's lookup drafts from it
         try:
             self.recorder.record(job.tokens, result.tokens, template=job.template,
                                  drafter=getattr(getattr(self.engine, "drafter_model", None), "path", None))

@@ -5,6 +5,10 @@ longest suffix of 1..max_ngram tokens that occurred earlier wins, its most recen
 that occurrence are the draft. Where the continuation runs into the suffix itself (the text is repeating with
 period L − e), it goes on periodically, so a generation caught in a loop drafts whole blocks.
 
+With a corpus (engine/sources/corpus.py: what the target answered in earlier requests), a text whose suffix has
+no match of CONTEXT_FIRST tokens in its own request is looked up there. Its matches are reported as match lengths
+above max_ngram (max_ngram + m), so the policy keeps their acceptance apart from the request's own matches.
+
 A lookup draft is a point mass: at T > 0 its q is one-hot on the token, so verification accepts it with
 probability p(x) and, on rejection, draws from norm(max(p − onehot(x), 0)) — exact in distribution like any q.
 """
@@ -14,8 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from .base import DraftSource, Proposal
+from .corpus import Corpus
 
 MAX_NGRAM = 6        # longer suffixes add index work per token and rarely change the match on 128-token answers
+CONTEXT_FIRST = 2    # a match in the request itself this long is taken over the corpus's
 
 
 class LookupSource(DraftSource):
@@ -23,11 +29,16 @@ class LookupSource(DraftSource):
 
     member = "lookup"
 
-    def __init__(self, n_vocab: int, block_size: int = 8, max_ngram: int = MAX_NGRAM):
-        self.n_vocab, self.block_size, self.max_ngram = n_vocab, block_size, max_ngram
+    def __init__(self, n_vocab: int, block_size: int = 8, max_ngram: int = MAX_NGRAM, corpus: Corpus | None = None):
+        self.n_vocab, self.block_size, self.max_ngram, self.corpus = n_vocab, block_size, max_ngram, corpus
         self.text: list[int] = []
         self._ends: dict[tuple[int, ...], int] = {}   # n-gram → index right after its latest occurrence that
                                                       # has a next token (n-grams of every length share it)
+
+    @property
+    def match_classes(self) -> int:
+        """Largest match length `match` reports: the request's own up to max_ngram, the corpus's above it."""
+        return self.max_ngram + (self.corpus.max_ngram if self.corpus is not None else 0)
 
     def begin(self) -> None:
         self.text = []
@@ -44,7 +55,16 @@ class LookupSource(DraftSource):
 
     def match(self, n: int) -> tuple[list[int], int]:
         """(up to n tokens continuing the longest earlier match of the text's suffix, the match's length);
-        ([], 0) where no suffix occurred before."""
+        ([], 0) where no suffix occurred before. Where the request's own match is shorter than CONTEXT_FIRST,
+        the corpus's (its length + max_ngram), if it has one."""
+        tokens, m = self._own_match(n)
+        if self.corpus is not None and m < CONTEXT_FIRST:
+            found, cm = self.corpus.match(self.text, n)
+            if found:
+                return found, self.max_ngram + cm
+        return tokens, m
+
+    def _own_match(self, n: int) -> tuple[list[int], int]:
         text, ends = self.text, self._ends
         size = len(text)
         # where a suffix of m tokens occurred, so did its own suffix of m − 1 (ending at the same index): grow m
