@@ -374,3 +374,37 @@ def test_bench_runs_a_chat_request_file(files):
     rep = json.loads(out.read_text())
     assert {x["baseline"] for x in rep["runs"]} == {"plain", "dflash"}
     assert all(x["category"] == "chat" for x in rep["runs"])
+
+
+def test_bench_drafts_from_a_learn_store_with_learned(files):
+    """--learned: the lookup arms also draft from the answers a learn store holds for this target (here the plain
+    answers to the bench's own prompts, recorded as serve --learn records them): tokens drafted from them are
+    accepted, every output still equals plain, the report says what was read; a store of another target, a missing
+    folder, or --learned with --tau are refused in one line."""
+    from dflash_gguf.engine.session import Engine
+    from dflash_gguf.learn.store import LearnStore, Recorder, Tags
+    from dflash_gguf.settings import EngineSettings
+    target, drafter, prompts, d = files
+    store = d / "learned"
+    engine = Engine(EngineSettings(target=target, drafter=drafter, n_threads=2))
+    try:
+        rec = Recorder(LearnStore(store), target)
+        for line in prompts.read_text().splitlines():
+            tokens = engine.tokenize(json.loads(line)["prompt"])
+            rec.record(tokens, engine.generate(tokens, 24, speculative=False).tokens, template=None, drafter=None)
+    finally:
+        engine.close()
+    out = d / "learned.json"
+    _bench(files, "--baselines", "plain,lookup,hybrid", "--learned", str(store), "--json", str(out))
+    rep = json.loads(out.read_text())
+    assert rep["learned"]["store"] == str(store) and rep["learned"]["answers"] == 4
+    assert all(r["matches_plain"] for r in rep["runs"] if r["baseline"] != "plain")
+    assert sum(r["n_corpus_accepted"] for r in rep["runs"]) > 0
+    other = d / "other"
+    LearnStore(other).record(Tags("o.gguf", "f" * 64), [1], [1, 2, 3, 4, 5])
+    for extra, message in ((("--learned", str(other)), "no answers recorded with tiny.gguf"),
+                           (("--learned", str(d / "none")), "no such folder"),
+                           (("--learned", str(store), "--tau"), "no effect with --tau")):
+        r = CliRunner().invoke(app, ["bench", "-m", str(target), "-md", str(drafter), "--prompts", str(prompts),
+                                     "-n", "8", *extra])
+        assert r.exit_code != 0 and message in r.output + str(r.exception), r.output

@@ -39,6 +39,10 @@ def register(app: typer.Typer) -> None:
         tau: bool = typer.Option(False, "--tau",
                                  help="measure only the drafter's τ per category: full blocks drafted along the "
                                       "target's greedy continuation of each prompt, no timing (for a trained drafter)"),
+        learned: Optional[Path] = typer.Option(None, "--learned",
+                                               help="the lookup and hybrid arms also draft from the answers recorded "
+                                                    "in this folder (serve --learn); answers to these very prompts "
+                                                    "in it make them look better than new requests would"),
         chat_template: Optional[str] = chat_template_option(),
         engine_options: dict = None,
     ):
@@ -50,7 +54,7 @@ def register(app: typer.Typer) -> None:
         from .table import cost_curve_line, render, tau_line
 
         options = BenchOptions(list(prompts) + list(more_prompts or []), n_predict, parse_baselines(baselines),
-                               repeat, limit, tools_dir).validate(cost_curve_only, tau)
+                               repeat, limit, tools_dir, learned).validate(cost_curve_only, tau)
         template_choice = read_choice(chat_template)
         settings = EngineSettings.from_env(target=model, drafter=draft, **engine_options)
         if tau:
@@ -60,6 +64,10 @@ def register(app: typer.Typer) -> None:
         else:
             report = run(settings, options, template_choice, cost_curve_only=cost_curve_only)
             print(cost_curve_line(report["cost_curve"]) if cost_curve_only else render(report), file=sys.stderr)
+        if report.get("learned"):
+            x = report["learned"]
+            print(f"lookup and hybrid also drafted from {x['answers']} recorded answers ({x['tokens']} tokens) in "
+                  f"{x['store']}", file=sys.stderr)
         if report.get("note"):
             print(f"note: {report['note']}", file=sys.stderr)
         if json_out:

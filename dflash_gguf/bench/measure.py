@@ -21,6 +21,7 @@ class BenchOptions:
     repeat: int
     limit: int | None
     tools_dir: Path | None           # upstream binaries (None: <lib dir>/tools)
+    learned: Path | None = None      # a learn store whose answers the lookup also drafts from (serve --learn's)
 
     def validate(self, cost_curve_only: bool = False, tau: bool = False) -> "BenchOptions":
         """Refuse out-of-range values with the option that sets them (the prompts only where they are read)."""
@@ -32,6 +33,10 @@ class BenchOptions:
                        "must be >= 2 (the first token comes from the prefill)"),
                       (self.repeat >= 1, "--repeat", self.repeat, "must be >= 1"),
                       (self.limit is None or self.limit >= 1, "--limit", self.limit, "must be >= 1")))
+        if self.learned is not None and (cost_curve_only or tau):
+            raise UserError("--learned feeds the lookup and hybrid arms: it has no effect with --tau or --cost-curve-only")
+        if self.learned is not None and not self.learned.is_dir():
+            raise UserError(f"--learned {self.learned}: no such folder (a store serve --learn recorded into)")
         return self
 
 
@@ -56,7 +61,8 @@ def run(settings, options: BenchOptions, template_choice=None, *, cost_curve_onl
     # the arms need both draft sources; the cost curve alone follows --draft-source (lookup, no -md: verify only)
     settings = replace(settings, n_threads=settings.n_threads or os.cpu_count() or 1,
                        draft_source=settings.draft_source if cost_curve_only else "hybrid")
-    engine = Engine(settings)
+    corpus = None if cost_curve_only else _learned_corpus(settings, options.learned)
+    engine = Engine(settings, corpus=corpus)
     try:
         if cost_curve_only:
             curves = [engine.measure_cost_curve() for _ in range(options.repeat)]
@@ -67,9 +73,29 @@ def run(settings, options: BenchOptions, template_choice=None, *, cost_curve_onl
                     "draft_max": engine.draft_max, "lookup_max": engine.lookup_max,
                     "backend": engine.target_model.native.info.get("backend"),
                     "cost_curve": cost_curves_report(drafter is not None and drafter.short_blocks, curves)}
-        return _measure(engine, settings, rows, options, template_choice)
+        report = _measure(engine, settings, rows, options, template_choice)
+        if corpus is not None:
+            report["learned"] = {"store": str(options.learned), "answers": len(corpus), "tokens": corpus.n_tokens}
+        return report
     finally:
         engine.close()
+
+
+def _learned_corpus(settings, store: Path | None):
+    """The corpus of this target's answers recorded in `store` (--learned); None without."""
+    if store is None:
+        return None
+    from ..engine.session import check_inputs
+    from ..engine.sources.corpus import DEFAULT_MAX_TOKENS, Corpus
+    from ..learn.store import LearnStore, Recorder
+    target = check_inputs(settings, speculative=True).target
+    recorder = Recorder(LearnStore(store), target)
+    corpus = Corpus(recorder.recent_answers(DEFAULT_MAX_TOKENS))
+    if not len(corpus):
+        raise UserError(f"--learned {store}: no answers recorded with {target.name} "
+                        f"(sha256 {recorder.target[1][:12]}…); record some first: "
+                        f"dflash-gguf serve -m {target} --learn {store}")
+    return corpus
 
 
 def cost_curve_report(short_blocks: bool, start, end=None) -> dict:

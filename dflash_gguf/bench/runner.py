@@ -37,6 +37,7 @@ class Run:
     attempts: int = 1                   # upstream: processes started to get one complete log
     n_lookup_drafted: int = 0           # of n_drafted, drafts that came from the lookup source
     n_lookup_accepted: int = 0
+    n_corpus_accepted: int = 0          # of those, drafted from recorded answers (--learned)
 
 
 @dataclass
@@ -63,7 +64,7 @@ def run_ours(engine, p: BenchPrompt, n: int, repeat: int, baseline: str) -> tupl
               t.decode_s, res.n_target_calls, res.n_drafted, res.n_accepted, list(res.drafted_per_slot),
               list(res.accepted_per_slot), t.draft_s, t.verify_s, t.inject_s, t.python_s,
               finish_reason=res.finish_reason, n_lookup_drafted=res.n_lookup_drafted,
-              n_lookup_accepted=res.n_lookup_accepted)
+              n_lookup_accepted=res.n_lookup_accepted, n_corpus_accepted=res.n_corpus_accepted)
     return run, res.tokens
 
 
