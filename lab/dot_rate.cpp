@@ -23,56 +23,30 @@ __attribute__((noinline)) void add_chain(uint64_t n) {
 }
 
 #define REP12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
-
-__attribute__((noinline)) void maddubs_add(uint64_t n, const int * p) {      // AVX2: one step = 2 instructions
-    asm volatile("vpbroadcastd (%0), %%ymm15\n\tvmovdqu (%0), %%ymm14" ::"r"(p) : "xmm15", "xmm14");
-    for (uint64_t i = 0; i < n; ++i) {
-#define X(k) asm volatile("vpmaddubsw %%ymm14, %%ymm15, %%ymm13\n\tvpaddw %%ymm13, %%ymm" #k ", %%ymm" #k ::: "xmm" #k, "xmm13");
-        REP12(X)
-#undef X
+// one timed loop: `setup` loads the operands once, STEP(k) is one step on accumulator k (twelve per iteration)
+#define RATE_LOOP(name, setup, STEP)                                      \
+    __attribute__((noinline)) void name(uint64_t n, const int * p) {     \
+        asm volatile(setup ::"r"(p) : "xmm15", "xmm14");                  \
+        for (uint64_t i = 0; i < n; ++i) {                                \
+            REP12(STEP)                                                   \
+        }                                                                 \
     }
-}
+
+#define ONE_OPERAND "vpbroadcastd (%0), %%ymm15\n\tvmovdqu (%0), %%ymm14"
+#define MADDUBS_ADD(k) asm volatile("vpmaddubsw %%ymm14, %%ymm15, %%ymm13\n\tvpaddw %%ymm13, %%ymm" #k ", %%ymm" #k ::: "xmm" #k, "xmm13");
+RATE_LOOP(maddubs_add, ONE_OPERAND, MADDUBS_ADD)        // AVX2: one step = 2 instructions
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-__attribute__((noinline)) void dp_reg(uint64_t n, const int * p) {
-    asm volatile("vpbroadcastd (%0), %%ymm15\n\tvmovdqu (%0), %%ymm14" ::"r"(p) : "xmm15", "xmm14");
-    for (uint64_t i = 0; i < n; ++i) {
-#define X(k) asm volatile("vpdpbusd %%ymm14, %%ymm15, %%ymm" #k ::: "xmm" #k);
-        REP12(X)
-#undef X
-    }
-}
-__attribute__((noinline)) void dp_broadcast(uint64_t n, const int * p) {
-    asm volatile("vmovdqu (%0), %%ymm14" ::"r"(p) : "xmm14");
-    for (uint64_t i = 0; i < n; ++i) {
-#define X(k) asm volatile("vpbroadcastd %c0(%1), %%ymm13\n\tvpdpbusd %%ymm13, %%ymm14, %%ymm" #k ::"i"(4 * k), "r"(p) : "xmm" #k, "xmm13");
-        REP12(X)
-#undef X
-    }
-}
-__attribute__((noinline)) void dp_folded(uint64_t n, const int * p) {
-    asm volatile("vmovdqu (%0), %%ymm14" ::"r"(p) : "xmm14");
-    for (uint64_t i = 0; i < n; ++i) {
-#define X(k) asm volatile("vpdpbusd %c0(%1)%{1to8%}, %%ymm14, %%ymm" #k ::"i"(4 * k), "r"(p) : "xmm" #k);
-        REP12(X)
-#undef X
-    }
-}
-__attribute__((noinline)) void dp_512(uint64_t n, const int * p) {
-    asm volatile("vmovdqu64 (%0), %%zmm14" ::"r"(p) : "xmm14");
-    for (uint64_t i = 0; i < n; ++i) {
-#define X(k) asm volatile("vpdpbusd %c0(%1)%{1to16%}, %%zmm14, %%zmm" #k ::"i"(4 * k), "r"(p) : "xmm" #k);
-        REP12(X)
-#undef X
-    }
-}
-__attribute__((noinline)) void mulld(uint64_t n, const int * p) {
-    for (uint64_t i = 0; i < n; ++i) {
-#define X(k) asm volatile("vpmulld %c0(%1)%{1to8%}, %%ymm14, %%ymm" #k ::"i"(4 * k), "r"(p) : "xmm" #k);
-        REP12(X)
-#undef X
-    }
-}
+#define DP_REG(k) asm volatile("vpdpbusd %%ymm14, %%ymm15, %%ymm" #k ::: "xmm" #k);
+#define DP_BROADCAST(k) asm volatile("vpbroadcastd %c0(%1), %%ymm13\n\tvpdpbusd %%ymm13, %%ymm14, %%ymm" #k ::"i"(4 * k), "r"(p) : "xmm" #k, "xmm13");
+#define DP_FOLDED(k) asm volatile("vpdpbusd %c0(%1)%{1to8%}, %%ymm14, %%ymm" #k ::"i"(4 * k), "r"(p) : "xmm" #k);
+#define DP_512(k) asm volatile("vpdpbusd %c0(%1)%{1to16%}, %%zmm14, %%zmm" #k ::"i"(4 * k), "r"(p) : "xmm" #k);
+#define MULLD(k) asm volatile("vpmulld %c0(%1)%{1to8%}, %%ymm14, %%ymm" #k ::"i"(4 * k), "r"(p) : "xmm" #k);
+RATE_LOOP(dp_reg, ONE_OPERAND, DP_REG)
+RATE_LOOP(dp_broadcast, "vmovdqu (%0), %%ymm14", DP_BROADCAST)
+RATE_LOOP(dp_folded, "vmovdqu (%0), %%ymm14", DP_FOLDED)
+RATE_LOOP(dp_512, "vmovdqu64 (%0), %%zmm14", DP_512)
+RATE_LOOP(mulld, "vmovdqu (%0), %%ymm14", MULLD)
 #endif
 
 int main() {
