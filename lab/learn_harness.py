@@ -217,12 +217,15 @@ def greedy_equal(drafter: Path, rows: list[dict], a) -> dict:
     return {"prompts": len(rows), "equal": same}
 
 
-def speedup(name: str, drafter: Path, prompts: Path, out: Path, a, log: Path) -> dict | None:
+def speedup(name: str, drafter: Path, prompts: Path, out: Path, a, log: Path,
+            learned: Path | None = None) -> dict | None:
+    """The hybrid's speedup over plain (`bench`); `learned`: with the lookup also drafting from that store's answers,
+    as `serve --learn` does."""
     if not a.speedup:
         return None
     if not out.exists():
         run(cli("bench", "-md", drafter, "--prompts", prompts, "-n", a.max_tokens, "-t", a.threads,
-                "--baselines", "plain,hybrid", "--json", out), log)
+                "--baselines", "plain,hybrid", "--json", out, *(("--learned", learned) if learned else ())), log)
     hybrid = json.loads(out.read_text())["summary"]["all"]
     return {"speedup": hybrid["hybrid"]["speedup"]["median"], "tau": hybrid["hybrid"]["tau"]["median"],
             "tok_s": hybrid["hybrid"]["tok_s"]["median"], "plain_tok_s": hybrid["plain"]["tok_s"]["median"]}
@@ -286,6 +289,9 @@ def domain(name: str, a) -> dict:
     for i, (label, drafter) in enumerate((("before", shipped), ("after", adapted))):
         result[label] = {"domain_tau": domain_tau[i], "shared_tau": shared_tau[i],
                          "speedup": speedup(name, drafter, speed_file, work / f"speed-{label}.json", a, log)}
+    # what the person gets after adapting: the adapted drafter, and the lookup drafting from the recorded answers
+    result["after"]["speedup_learned"] = speedup(name, adapted, speed_file, work / "speed-after-learned.json", a, log,
+                                                 learned=store)
     (work / "result.json").write_text(json.dumps(result, indent=2))
     return result
 
@@ -294,8 +300,9 @@ def table(results: list[dict], a) -> str:
     lines = [f"| domain | conversations recorded | adapt (min, rows) | τ held back (general set): start → checkpoints | "
              f"written | "
              f"τ unseen domain prompts ({a.test}) | τ ../shared/prompts (first {a.shared}/category) | "
-             f"greedy = plain | hybrid speedup ({a.speedup} prompts) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"greedy = plain | hybrid speedup ({a.speedup} prompts) | "
+             f"after, drafting from the recorded answers too |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         b, f = r["before"], r["after"]
         sp = "–"
@@ -309,7 +316,8 @@ def table(results: list[dict], a) -> str:
                      f"{'yes' if ad['written'] else 'no'} | "
                      f"{b['domain_tau']['tau_overall']:.3f} → {f['domain_tau']['tau_overall']:.3f} | "
                      f"{b['shared_tau']['tau_overall']:.3f} → {f['shared_tau']['tau_overall']:.3f} | "
-                     f"{r['greedy_equal']['equal']}/{r['greedy_equal']['prompts']} | {sp} |")
+                     f"{r['greedy_equal']['equal']}/{r['greedy_equal']['prompts']} | {sp} | "
+                     f"{_speed(f['speedup_learned']) if f.get('speedup_learned') else '–'} |")
     return "\n".join(lines)
 
 

@@ -34,7 +34,8 @@ class BenchOptions:
                       (self.repeat >= 1, "--repeat", self.repeat, "must be >= 1"),
                       (self.limit is None or self.limit >= 1, "--limit", self.limit, "must be >= 1")))
         if self.learned is not None and (cost_curve_only or tau):
-            raise UserError("--learned feeds the lookup and hybrid arms: it has no effect with --tau or --cost-curve-only")
+            raise UserError("--learned feeds the lookup and hybrid arms: it has no effect with --tau or "
+                            "--cost-curve-only")
         if self.learned is not None and not self.learned.is_dir():
             raise UserError(f"--learned {self.learned}: no such folder (a store serve --learn recorded into)")
         return self

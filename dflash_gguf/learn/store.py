@@ -167,8 +167,8 @@ class Recorder:
             f"at most {self.store.max_bytes / 2**20:g} MB, oldest out first"
         return (f"learning: each finished request's prompt and answer token ids are recorded in {self.store.root} "
                 f"({cap}; tagged with target sha256 {self.target[1][:12]}…, the template and the drafter); "
-                f"nothing else is stored. The answers recorded so far draft by lookup where they repeat; adapt the drafter "
-                f"on them: dflash-gguf train --adapt {self.store.root}")
+                f"nothing else is stored. The answers recorded so far draft by lookup where they repeat; adapt the "
+                f"drafter on them: dflash-gguf train --adapt {self.store.root}")
 
 
 def recorder_for(folder: Path | None, max_mb: float, target: Path) -> Recorder | None:

@@ -4,8 +4,8 @@ A person's traffic repeats itself across requests (the same answer format, the s
 boilerplate), where prompt lookup sees only the request at hand. The index maps each n-gram of MIN_NGRAM..
 MAX_NGRAM tokens of the answers it holds to the place right after its latest occurrence; `match` finds the longest
 suffix of the text that occurred there and returns what followed it. The lookup source asks it only where the
-request's own text has no match of 2 tokens (engine/sources/lookup.py); like any lookup draft, what it proposes is verified
-by the target, so output does not depend on it.
+request's own text has no match of 2 tokens (engine/sources/lookup.py); like any lookup draft, what it proposes is
+verified by the target, so output does not depend on it.
 
 Capped in tokens: past `max_tokens` the oldest answers are dropped and the index rebuilt (each n-gram then points
 into the answers kept). The index is keyed by the n-grams' hashes (~40 MB at the default cap where every n-gram
