@@ -138,7 +138,8 @@ def test_the_server_records_finished_requests_with_learn(tmp_path):
         props = httpx.get(srv.base + "/props", timeout=30).json()
     finally:
         srv.close()
-    assert props["learning"] == {"enabled": True, "store": str(tmp_path / "learn"), "max_mb": 1.0}
+    assert props["learning"] == {"enabled": True, "store": str(tmp_path / "learn"), "max_mb": 1.0,
+                                 "lookup_answers": 2, "lookup_tokens": len("Hello there!") + len("Hell")}
     chat, completion = LearnStore(tmp_path / "learn").read()
     assert bytes(chat.prompt).decode().endswith("Hi<|im_end|>\n<|im_start|>assistant\n")   # as rendered
     assert bytes(chat.answer).decode() == "Hello there!"

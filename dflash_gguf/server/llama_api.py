@@ -189,12 +189,16 @@ def slot_state(worker, engine) -> dict:
 
 
 def learning_state(worker) -> dict:
-    """Whether finished requests are recorded (serve --learn), and where."""
+    """Whether finished requests are recorded (serve --learn), and where; how many recorded answers the lookup
+    drafts from."""
     r = worker.recorder
     if r is None:
         return {"enabled": False}
     cap = r.store.max_bytes
-    return {"enabled": True, "store": str(r.store.root), "max_mb": None if cap is None else round(cap / 2**20, 3)}
+    state = {"enabled": True, "store": str(r.store.root), "max_mb": None if cap is None else round(cap / 2**20, 3)}
+    if worker.corpus is not None:
+        state["lookup_answers"], state["lookup_tokens"] = len(worker.corpus), worker.corpus.n_tokens
+    return state
 
 
 def build_info() -> str:
