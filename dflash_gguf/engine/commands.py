@@ -146,7 +146,9 @@ def _print_summary(report: dict) -> None:
     lines = [f"tokens: {s['n_generated']} (prompt {s['n_prompt']}), {s['tok_s']} tok/s, "
              f"τ = {s['tau']} tokens per target call ({s['n_target_calls']} calls, {s['n_plain_steps']} plain)",
              f"drafted {s['n_drafted']}, accepted {s['n_accepted']} (lookup: {s['n_lookup_drafted']}, "
-             f"{s['n_lookup_accepted']}); acceptance per slot: " + " ".join(f"{x:.2f}" for x in s["acceptance_per_slot"]),
+             f"{s['n_lookup_accepted']}" + (f", {s['n_corpus_accepted']} of them from recorded answers"
+                                            if s.get("n_corpus_accepted") else "")
+             + "); acceptance per slot: " + " ".join(f"{x:.2f}" for x in s["acceptance_per_slot"]),
              f"time: prefill {s['prefill_s']} s, draft {s['draft_s']} s, verify {s['verify_s']} s, "
              f"inject {s['inject_s']} s, python {s['python_ms_per_step']} ms/step"]
     if "plain" in report:
