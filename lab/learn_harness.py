@@ -129,7 +129,7 @@ def play(rows: list[dict], store: Path, a, log: Path) -> dict:
     if not todo:
         return {"recorded": have, "seconds": 0.0}
     port = free_port()
-    cmd = cli("serve", "--port", port, "--learn", store, "-t", a.threads, "--max-tokens", a.max_tokens)
+    cmd = cli("serve", "--port", port, "--learn", store, "-t", a.threads, "--max-tokens", a.play_tokens)
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
     with open(log, "a") as f:
         server = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
@@ -149,13 +149,13 @@ def play(rows: list[dict], store: Path, a, log: Path) -> dict:
         props = httpx.get(base + "/props", timeout=30).json()
         assert props["learning"]["enabled"], props["learning"]
         for i, r in enumerate(todo):
-            request(base, r, a.max_tokens)
+            request(base, r, a.play_tokens)
             if (have + i + 1) % 25 == 0:
                 print(f"  {have + i + 1} conversations played ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
         # one more request, and the server killed while it runs: the store must stay readable
         with httpx.Client(timeout=600) as client:
             try:
-                client.post(base + "/v1/completions", json={"prompt": "def f(", "max_tokens": a.max_tokens},
+                client.post(base + "/v1/completions", json={"prompt": "def f(", "max_tokens": a.play_tokens},
                             timeout=0.5)
             except httpx.HTTPError:
                 pass
@@ -277,6 +277,7 @@ def domain(name: str, a) -> dict:
     persona = PERSONAS.get(name)
     result = {"domain": name, "sources": DOMAINS[persona.domain if persona else name],
               "system_prompt": persona.system if persona else None, "played": played,
+              "play_tokens": a.play_tokens, "max_tokens": a.max_tokens,
               "adapt": {k: adapt_record[k] for k in ("recorded_train", "recorded_held_back", "replayed",
                                                      "labelled_rows", "minutes", "tau_before", "tau_after",
                                                      "checkpoints", "kept", "written", "general_drop")},
@@ -333,7 +334,10 @@ def main() -> None:
     ap.add_argument("--test", type=int, default=50, help="other prompts of the domain to measure on")
     ap.add_argument("--shared", type=int, default=10, help="../shared/prompts per category to measure on")
     ap.add_argument("--speedup", type=int, default=10, help="test prompts for the hybrid speedup (0: skip)")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=128, help="tokens per answer where τ, speed and greedy "
+                    "equality are measured")
+    ap.add_argument("--play-tokens", type=int, help="most tokens of a recorded answer (default: --max-tokens; "
+                    "desktop apps send no cap, so a person's answers run longer than the measured ones)")
     ap.add_argument("--greedy", type=int, default=5, help="test prompts decoded greedily with and without the "
                     "adapted drafter, compared token for token")
     ap.add_argument("--adapt-minutes", type=float, default=30)
@@ -350,6 +354,7 @@ def main() -> None:
     ap.add_argument("--stop-after", choices=["play"], help="only record the conversations (rerun to go on)")
     ap.add_argument("--work", type=Path, default=None, help="default: <user cache>/learn-harness")
     a = ap.parse_args()
+    a.play_tokens = a.play_tokens or a.max_tokens
     if a.work is None:
         from dflash_gguf.paths import cache_root
         a.work = cache_root() / "learn-harness"
