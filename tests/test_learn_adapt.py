@@ -6,6 +6,7 @@ decoding."""
 
 import hashlib
 import json
+import math
 
 import numpy as np
 import pytest
@@ -49,14 +50,16 @@ def adapt_cli(tiny, recorded, out, work, *extra):
                "--rows", "300", "--max-minutes", "30", "-t", "1", "--work-dir", work, "--data-dir", replay, *extra)
 
 
-def scripted_tau(monkeypatch, start: float, checkpoints: list[float], general: tuple[float, list[float]] = (1.5, [1.5])
-                 ) -> dict:
+def scripted_tau(monkeypatch, start: float, checkpoints: list[float], general: tuple[float, list[float]] = (1.5, [1.5]),
+                 everyday: tuple[float, list[float]] = (1.5, [1.5])) -> dict:
     """τ made up instead of measured: on the held-back requests `start` for the drafter adapting starts from (the
     first file measured), then checkpoints[i] for the i-th new file (the last value repeated); on the general set
-    likewise general[0], then general[1][i]. Returns {file sha256: held-back τ}."""
+    likewise general[0], then general[1][i], and on the everyday set everyday[0], everyday[1][i]. Returns
+    {file sha256: held-back τ}."""
     from dflash_gguf.train.adapt import Yardstick
     given: dict[str, float] = {}
     generals: dict[str, float] = {}
+    everydays: dict[str, float] = {}
 
     def tau(self, drafter):
         key = sha(drafter)
@@ -64,7 +67,9 @@ def scripted_tau(monkeypatch, start: float, checkpoints: list[float], general: t
             i = len(given) - 1
             given[key] = start if i < 0 else checkpoints[min(i, len(checkpoints) - 1)]
             generals[key] = general[0] if i < 0 else general[1][min(i, len(general[1]) - 1)]
-        return {"held_back": given[key], "general": generals[key], "general_by_category": {"chat": generals[key]}}
+            everydays[key] = everyday[0] if i < 0 else everyday[1][min(i, len(everyday[1]) - 1)]
+        return {"held_back": given[key], "general": generals[key], "general_by_category": {"chat": generals[key]},
+                "everyday": everydays[key], "everyday_by_category": {"chat": everydays[key]}}
     monkeypatch.setattr(Yardstick, "tau", tau)
     return given
 
@@ -217,9 +222,59 @@ def test_adapt_writes_nothing_when_the_better_checkpoints_lose_the_general_set(t
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and not out.exists()
     assert "not written: the 2 checkpoint(s) that beat d.gguf on the 1 held-back recorded requests (τ 2.00, best " \
-           "2.60) lost more than 0.05 τ on the general set (2.24 → at most 2.10; --general-drop)" in err[-1]
+           "2.60) lost more than 0.05 τ on the general set (2.24 → at most 2.10); --general-drop)" in err[-1]
     record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
     assert not record["written"] and record["kept"]["tau_held_back"] in (1.9, 1.95)  # held the general set
+
+
+@pytest.mark.slow
+def test_adapt_keeps_only_checkpoints_that_hold_the_everyday_set_too(tiny, recorded, tmp_path, monkeypatch, capsys):
+    # the general set holds everywhere; the everyday set (what chat apps are asked) fell 0.09 at the second and third
+    # checkpoints, the best two on the held-back requests: the first, which held both, is written
+    given = scripted_tau(monkeypatch, 2.0, [2.1, 2.6, 2.3, 2.05], (2.24, [2.24]), (2.10, [2.08, 2.01, 2.01, 2.10]))
+    out = tmp_path / "adapted.gguf"
+    code = adapt_cli(tiny, recorded, out, tmp_path / "work", "--general-drop", "0.05")
+    assert code == 0, capsys.readouterr().err
+    record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
+    points = [(c["tau_held_back"], c["tau_everyday"]) for c in record["checkpoints"]]
+    assert points[:3] == [(2.1, 2.08), (2.6, 2.01), (2.3, 2.01)]
+    assert record["kept"] == record["checkpoints"][0] and record["written"] and given[sha(out)] == 2.1
+    assert record["tau_before"]["everyday"] == 2.10 and record["tau_after"]["everyday"] == 2.08
+
+    # when every checkpoint that beats -md loses it, nothing is written and the line says which set was lost
+    scripted_tau(monkeypatch, 2.0, [1.9, 2.6, 2.3, 1.95], (2.24, [2.24]), (2.10, [2.10, 2.01, 2.02, 2.10]))
+    out2 = tmp_path / "adapted2.gguf"
+    code = adapt_cli(tiny, recorded, out2, tmp_path / "work2", "--general-drop", "0.05")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and not out2.exists()
+    assert "lost more than 0.05 τ on the everyday set (2.10 → at most 2.02); --general-drop)" in err[-1]
+
+
+@pytest.mark.slow
+def test_the_yardstick_measures_the_everyday_set_through_the_targets_chat_template():
+    from dflash_gguf.assets import shipped_drafter_for
+    from dflash_gguf.corpus.prompts import everyday_set
+    from dflash_gguf.packaged_models import smollm2_q4_1
+    from dflash_gguf.train.adapt import AdaptSettings, Yardstick
+    target = smollm2_q4_1()
+    yardstick = Yardstick(target, [], [], everyday_set(1), AdaptSettings(eval_tokens=24, threads=2))
+    tau = yardstick.tau(shipped_drafter_for(target))
+    assert tau["everyday"] >= 1.0 and set(tau["everyday_by_category"]) == {"chat", "math"}
+    assert math.isnan(tau["general"]) and math.isnan(tau["held_back"])
+    assert [c.row["id"] for c in yardstick.conts] == [r["id"] for r in everyday_set(1)]
+
+
+def test_the_everyday_set_is_single_turn_everyday_requests_and_story_problems():
+    from dflash_gguf.corpus.prompts import EVERYDAY_PROMPTS, everyday_set, load
+    rows = everyday_set(10)
+    assert [r["category"] for r in rows] == ["chat"] * 10 + ["math"] * 10
+    assert len({r["id"] for r in rows}) == 20 and all(r["id"].startswith("everyday-mix:") for r in rows)
+    source = load(EVERYDAY_PROMPTS)
+    for r in rows:
+        i = int(r["id"].split(":")[1])
+        assert source[i]["prompt"] == r["prompt"] and not source[i].get("followups")
+        assert source[i]["source"].startswith("everyday:" if r["category"] == "chat" else "template:story")
+    assert everyday_set(3) == rows[:3] + rows[10:13]     # the last ones of each kind, the same whatever the count
 
 
 @pytest.mark.slow
@@ -274,6 +329,9 @@ def test_adapt_writes_a_new_drafter_that_decodes_losslessly(tiny, recorded, tmp_
     record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
     assert record["recorded_train"] == 5 and record["recorded_held_back"] == 1 and record["replayed"] == 5
     assert record["tau_after"]["held_back"] >= 1.0 and record["tau_before"]["general"] >= 1.0
+    # the tiny target has no chat template: the everyday set (chat requests) is left out, said in one line
+    assert math.isnan(record["tau_before"]["everyday"]) and all(c["tau_everyday"] is None for c in record["checkpoints"])
+    assert "t.gguf has no chat template: the everyday set is not measured" in captured.err
     assert record["labelled_rows"] > 0 and record["checkpoints"] and record["written"]
     assert record["kept"]["tau_held_back"] == max(c["tau_held_back"] for c in record["checkpoints"])
     assert "held-back recorded requests" in captured.out

@@ -89,7 +89,8 @@ def register(app: typer.Typer) -> None:
         adapt: Optional[Path] = typer.Option(None, "--adapt", help="continue -md's drafter on the requests recorded "
                                              "in this folder (serve --learn), within --max-minutes (default 20); "
                                              "writes the checkpoint with the best τ on held-back requests among "
-                                             "those that hold the general set (--general-drop), and nothing if none "
+                                             "those that hold the general and the everyday set (--general-drop), and "
+                                             "nothing if none "
                                              "of them beats -md"),
         model_draft: Optional[Path] = typer.Option(None, "-md", "--model-draft", help="with --adapt: the drafter "
                                                    "to continue (never overwritten)"),
@@ -97,9 +98,11 @@ def register(app: typer.Typer) -> None:
                                      "training distribution mixed in per recorded request"),
         eval_prompts: int = typer.Option(5, "--eval-prompts", help="with --adapt: prompts per category of the "
                                          "general set τ is measured on before, at every checkpoint and after "
-                                         "(0: none)"),
+                                         "(the everyday set: twice as many everyday requests and story problems; "
+                                         "0: neither)"),
         general_drop: float = typer.Option(0.05, "--general-drop", help="with --adapt: keep only checkpoints whose "
-                                           "τ on the general set fell by at most this much from -md's"),
+                                           "τ fell by at most this much from -md's on the general and on the everyday "
+                                           "set"),
         threads: int = typer.Option(0, "-t", "--threads", help="CPU threads for harvest and training (0: all)"),
         chat_template: Optional[str] = chat_template_option(),
         force: bool = typer.Option(False, "--force", help="overwrite -o; with --adapt, also write the best "
@@ -115,7 +118,9 @@ def register(app: typer.Typer) -> None:
             b, a, kept = record["tau_before"], record["tau_after"], record["kept"]
             typer.echo(f"{out}: τ on {record['held_back_measured']} held-back recorded requests "
                        f"{b['held_back']:.2f} → {a['held_back']:.2f}; on the general set {b['general']:.2f} → "
-                       f"{a['general'] if a['general'] is None else round(a['general'], 2)} (kept: the best of "
+                       f"{a['general'] if a['general'] is None else round(a['general'], 2)}, on the everyday set "
+                       f"{b['everyday']:.2f} → {a['everyday'] if a['everyday'] is None else round(a['everyday'], 2)} "
+                       f"(kept: the best of "
                        f"{len(record['checkpoints'])} checkpoints within --general-drop {record['general_drop']:g}, "
                        f"after {kept['train_minutes']:.1f} "
                        f"training minutes; {record['recorded_train']} recorded + {record['replayed']} replayed "
