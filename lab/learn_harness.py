@@ -298,7 +298,8 @@ def domain(name: str, a) -> dict:
 
 
 def table(results: list[dict], a) -> str:
-    lines = [f"| domain | conversations recorded | adapt (min, rows) | τ held back (general set): start → checkpoints | "
+    lines = [f"| domain | conversations recorded | adapt (min, rows) | τ held back (general set, everyday set): start → "
+             f"checkpoints | "
              f"written | "
              f"τ unseen domain prompts ({a.test}) | τ ../shared/prompts (first {a.shared}/category) | "
              f"greedy = plain | hybrid speedup ({a.speedup} prompts) | "
@@ -310,16 +311,23 @@ def table(results: list[dict], a) -> str:
         if b["speedup"] and f["speedup"]:
             sp = f"{_speed(b['speedup'])} → {_speed(f['speedup'])}"
         ad = r["adapt"]
-        held = " / ".join(f"{c['tau_held_back']:.2f}" + (f" ({c['tau_general']:.2f})" if c.get("tau_general") else "")
+        held = " / ".join(f"{c['tau_held_back']:.2f}{_guards(c.get('tau_general'), c.get('tau_everyday'))}"
                           for c in ad["checkpoints"])
+        before = ad["tau_before"]
         lines.append(f"| {r['domain']} | {r['played']['recorded']} | {ad['minutes']}, {ad['labelled_rows']:,} | "
-                     f"{ad['tau_before']['held_back']:.2f} ({ad['tau_before']['general']:.2f}) → {held} | "
+                     f"{before['held_back']:.2f}{_guards(before.get('general'), before.get('everyday'))} → {held} | "
                      f"{'yes' if ad['written'] else 'no'} | "
                      f"{b['domain_tau']['tau_overall']:.3f} → {f['domain_tau']['tau_overall']:.3f} | "
                      f"{b['shared_tau']['tau_overall']:.3f} → {f['shared_tau']['tau_overall']:.3f} | "
                      f"{r['greedy_equal']['equal']}/{r['greedy_equal']['prompts']} | {sp} | "
                      f"{_speed(f['speedup_learned']) if f.get('speedup_learned') else '–'} |")
     return "\n".join(lines)
+
+
+def _guards(general: float | None, everyday: float | None) -> str:
+    """ (general, everyday) τ of a checkpoint, those measured (records before 2026-12-04 have no everyday set)."""
+    shown = [f"{t:.2f}" for t in (general, everyday) if t is not None and t == t]
+    return f" ({', '.join(shown)})" if shown else ""
 
 
 def _speed(s: dict) -> str:
