@@ -264,6 +264,18 @@ def test_the_yardstick_measures_the_everyday_set_through_the_targets_chat_templa
     assert [c.row["id"] for c in yardstick.conts] == [r["id"] for r in everyday_set(1)]
 
 
+def test_the_default_replay_holds_the_everyday_mix_the_shipped_drafter_was_continued_on_but_not_the_guards():
+    from dflash_gguf.corpus.prompts import HELD_BACK_FROM, everyday_rows
+    from dflash_gguf.train.adapt import prompt_sets
+    pool, general, everyday = prompt_sets((), 5, 0)
+    from_mix = [r for r in pool if str(r.get("id", "")).startswith("everyday-mix:")]
+    assert len(everyday) == 20 and len(general) == 15
+    assert len(from_mix) == len(everyday_rows()) - 20 and not {r["id"] for r in from_mix} & {r["id"] for r in everyday}
+    assert len(pool) - len(from_mix) == HELD_BACK_FROM           # the default set's part before the held-back one
+    assert not {r["prompt"] for r in general} & {r["prompt"] for r in pool}
+    assert pool == prompt_sets((), 5, 0)[0] and pool != prompt_sets((), 5, 1)[0]     # a fixed order per seed
+
+
 def test_the_everyday_set_is_single_turn_everyday_requests_and_story_problems():
     from dflash_gguf.corpus.prompts import EVERYDAY_PROMPTS, everyday_set, load
     rows = everyday_set(10)

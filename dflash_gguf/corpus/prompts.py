@@ -38,17 +38,24 @@ def general_set(rows: list[dict], per_category: int) -> list[dict]:
     return [r for cat in sorted(picked) for r in picked[cat]]
 
 
+def everyday_rows() -> list[dict]:
+    """The everyday mix's own rows (everyday requests, story problems; not its replay of the default set), each with
+    `id` "everyday-mix:<index>" and its category."""
+    out = []
+    for i, r in enumerate(load(EVERYDAY_PROMPTS)):
+        kind = next((k for k in EVERYDAY_KINDS if r.get("source", "").startswith(k)), None)
+        if kind is not None:
+            out.append({**r, "id": f"everyday-mix:{i}", "category": EVERYDAY_KINDS[kind]})
+    return out
+
+
 def everyday_set(per_kind: int) -> list[dict]:
     """The last `per_kind` single-turn everyday requests (chat) and story problems (math) of the everyday mix, each
     with `id` "everyday-mix:<index>": requests like what chat apps are asked, which the default set's held-back part
     (general_set) holds little of. A drafter adapted to one persona fell 0.07 τ on ../shared/prompts and 0.08 on 40
     of these while the default set's held-back part moved 0.02 (docs/learning.md)."""
-    rows = load(EVERYDAY_PROMPTS)
     picked: dict[str, list[dict]] = {}
-    for i in range(len(rows) - 1, -1, -1):
-        r = rows[i]
-        kind = next((k for k in EVERYDAY_KINDS if r.get("source", "").startswith(k)), None)
-        if kind is None or r.get("followups") or len(picked.setdefault(kind, [])) >= per_kind:
-            continue
-        picked[kind].append({**r, "id": f"everyday-mix:{i}", "category": EVERYDAY_KINDS[kind]})
-    return [r for kind in EVERYDAY_KINDS for r in picked.get(kind, [])]
+    for r in reversed(everyday_rows()):
+        if not r.get("followups") and len(picked.setdefault(r["category"], [])) < per_kind:
+            picked[r["category"]].append(r)
+    return [r for category in EVERYDAY_KINDS.values() for r in picked.get(category, [])]

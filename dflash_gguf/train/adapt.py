@@ -94,14 +94,19 @@ def split_held_back(convs: list[Conversation], share: float) -> tuple[list[Conve
 
 def prompt_sets(files: tuple[Path, ...], per_category: int, seed: int) -> tuple[list[dict], list[dict], list[dict]]:
     """(replay pool in a fixed shuffled order, general set, everyday set) from the drafter's training prompts: by
-    default the shipped set, whose part the shipped drafter was trained on is the pool and whose held-back part gives
-    the general set; from other files (--prompts) the general set is taken from their end and the pool is the rest.
+    default the shipped drafter's, the default set (the part it was trained on is the pool, the held-back part gives
+    the general set) and the everyday mix it was continued on (its own rows, in the pool but for the everyday set);
+    from other files (--prompts) the general set is taken from their end and the pool is the rest.
     The everyday set (2 * per_category everyday requests and story problems, corpus.prompts.everyday_set) is the
     same whatever the training prompts: what chat apps are asked, where adapting to one persona costs most."""
-    from ..corpus.prompts import DEFAULT_PROMPTS, HELD_BACK_FROM, everyday_set, general_set, load  # noqa: PLC0415
+    from ..corpus.prompts import (  # noqa: PLC0415
+        DEFAULT_PROMPTS, HELD_BACK_FROM, everyday_rows, everyday_set, general_set, load)
+    everyday = everyday_set(2 * per_category) if per_category else []
     rows = [r for f in files for r in load(f)] if files else load(DEFAULT_PROMPTS)
     if not files:
-        pool, general = rows[:HELD_BACK_FROM], general_set(rows[HELD_BACK_FROM:], per_category)
+        guard = {r["id"] for r in everyday}
+        pool = rows[:HELD_BACK_FROM] + [r for r in everyday_rows() if r["id"] not in guard]
+        general = general_set(rows[HELD_BACK_FROM:], per_category)
     else:
         general = general_set(rows, per_category)
         taken = {r["id"] for r in general}
@@ -109,7 +114,6 @@ def prompt_sets(files: tuple[Path, ...], per_category: int, seed: int) -> tuple[
     if not pool:
         raise UserError(f"--prompts {', '.join(map(str, files))}: no prompts left to replay once the general set "
                         f"({per_category} per category) is taken out; give more prompts")
-    everyday = everyday_set(2 * per_category) if per_category else []
     return [pool[i] for i in np.random.default_rng(seed).permutation(len(pool))], general, everyday
 
 
