@@ -57,7 +57,7 @@ def test_cpu_dry_run_passes_every_step(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     steps = rep["steps"]
     assert rep["all_passed"] and set(rep["summary"]) == {"setup", "train", "build", "tests", "verify", "verify8b",
-                                                           "bench", "moe"}, rep["summary"]
+                                                           "bench", "moe", "probe"}, rep["summary"]
     assert (tmp_path / "out" / "train-ran.txt").is_file()
     assert steps["setup"]["details"]["files_missing"] == [] and steps["setup"]["details"]["source"] == "unpacked"
     assert steps["setup"]["details"]["prebuilt"] == {prebuilt.name: {"backend": "cpu", "matches_tree": True}}
@@ -80,6 +80,9 @@ def test_cpu_dry_run_passes_every_step(tmp_path):
     assert set(moe) == {"all_gpu", "n_cpu_moe", "cpu_moe", "fit"} and all(r["tok_s"] > 0 for r in moe.values())
     assert all(moe[p]["ours"]["tok_s"] > 0 and moe[p]["ours"]["tau"] >= 1 for p in ("n_cpu_moe", "cpu_moe"))
     assert "| plain tok/s |" in rep["table_md"] and "B=4 |" in rep["table_md"] and "cpu_moe" in rep["table_md"]
+    probe = steps["probe"]["details"]      # t(B) in the calibration's order and steady, on the same random model
+    assert set(probe["steady"]) == set(probe["interleaved"]) == {str(b) for b in (1, 2, 3, 4, 8, 16)}
+    assert all(t > 0 for t in probe["steady"].values()) and probe["model"]["spec"]["shape"] == "tiny-dense"
     log = (tmp_path / "out" / "gpu-check.log").read_text()
     assert all(f"===== {s}: passed" in log for s in rep["summary"])
     # the pruned llama.cpp tree the GPU machine builds from still configures with every tool enabled
@@ -134,6 +137,28 @@ def test_bundle_units_reassemble_in_any_order_and_check_sha256(tmp_path):
     chunk.write_bytes(b"x" * chunk.stat().st_size)
     with pytest.raises(SystemExit, match="sha256"):
         setup_env.assemble(setup_env.take_units(bad / "b", bad / "store"), bad / "store")
+
+
+def test_prebuilt_archive_packs_each_library_once(tmp_path):
+    """A build installs each library under every soname and beside the tools: the copies travel as hard links,
+    or libggml-cuda (37 MiB as xz) would fill three units alone (it did on 2026-12-04: 120 MiB)."""
+    import tarfile
+    lib = tmp_path / "0c1e57098-key-cuda"
+    (lib / "tools").mkdir(parents=True)
+    blob = os.urandom(1 << 20)
+    for name in ("libggml-cuda.so", "libggml-cuda.so.0", "tools/libggml-cuda.so.0"):
+        (lib / name).write_bytes(blob)
+    (lib / "libllama.so").write_bytes(os.urandom(4096))
+    (lib / "build.json").write_text("{}")
+    archive = bundle.prebuilt_archive(lib, tmp_path / "cache")
+    assert archive.stat().st_size < 1.5 * len(blob)
+    with tarfile.open(archive) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert sum(m.islnk() for m in members.values()) == 2
+        tar.extractall(tmp_path / "out", filter="data")
+    for name in ("libggml-cuda.so", "libggml-cuda.so.0", "tools/libggml-cuda.so.0"):
+        assert (tmp_path / "out" / lib.name / name).read_bytes() == blob
+    assert (tmp_path / "out" / lib.name / "libllama.so").read_bytes() == (lib / "libllama.so").read_bytes()
 
 
 def test_pruned_source_keeps_what_the_build_reads():

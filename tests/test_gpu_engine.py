@@ -97,16 +97,21 @@ def test_engine_on_device_equals_plain(tiny):
     """The whole engine with -ngl 99, adaptive: the verify-cost calibration runs on the device first (the
     batches 8, 1, 2, 3, ... that crashed lavapipe in ggml-vulkan's fused mat-vec + add: patches/0008), then
     draft lengths vary. (A fixed draft length is the same engine path minus both; the placement test above
-    runs fixed lengths on the device.)"""
+    runs fixed lengths on the device.) Equal up to a near-tie, as the placement test: on an H200 (2026-12-04) the
+    outputs parted at token 16 of one prompt, where CUDA's kernels for one row and for a batch round apart."""
     target_path, drafter_path = tiny
     engine = Engine(EngineSettings(target=target_path, drafter=drafter_path, n_ctx=512, n_gpu_layers=ALL_LAYERS,
                                    adaptive=True, n_threads=2))
     try:
         assert engine.cost is not None
-        for prompt in _prompts(engine.target_model.n_vocab, 3, seed=11):
+        ties = 0
+        for i, prompt in enumerate(_prompts(engine.target_model.n_vocab, 3, seed=11)):
             spec = engine.generate(prompt, 40, speculative=True)
             plain = engine.generate(prompt, 40, speculative=False)
-            assert spec.tokens == plain.tokens
+            gap = near_tie_gap(engine.target, prompt, plain.tokens, spec.tokens)
+            assert gap is None or gap < NEAR_TIE, f"prompt {i}: diverged with logit gap {gap}"
+            ties += gap is not None
+        assert ties <= 1
     finally:
         engine.close()
 

@@ -130,9 +130,10 @@ def download_wheels(cache: Path) -> Path:
 
 
 def prebuilt_archive(lib_dir: Path, cache: Path) -> Path:
-    """The built library folder as tar.xz (paths `<build key>/...`), cached by content. A file of tools/ equal to
-    the library folder's file of the same name (both copied from one CMake build) becomes a hard link."""
-    files = sorted(p for p in lib_dir.rglob("*") if p.is_file())
+    """The built library folder as tar.xz (paths `<build key>/...`), cached by content. A file equal to one packed
+    before it (the copies a build installs under each soname, tools/ beside the libraries) becomes a hard link:
+    xz's window is far smaller than libggml-cuda, so each copy would cost its whole compressed size again."""
+    files = sorted((p for p in lib_dir.rglob("*") if p.is_file()), key=lambda p: (len(p.relative_to(lib_dir).parts), p))
     digest = hashlib.sha256()
     for p in files:
         digest.update(f"{p.relative_to(lib_dir)}\0{p.stat().st_size}\0{p.stat().st_mtime_ns}\0".encode())
@@ -144,17 +145,17 @@ def prebuilt_archive(lib_dir: Path, cache: Path) -> Path:
     _log(f"packing {lib_dir} -> {out.name} (xz)")
     cache.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
+    packed: dict[tuple[int, str], str] = {}
     with tarfile.open(tmp, "w:xz", preset=6) as tar:
         for p in files:
-            rel = p.relative_to(lib_dir)
-            twin = lib_dir / rel.name
-            if len(rel.parts) > 1 and twin.is_file() and twin.stat().st_size == p.stat().st_size and \
-                    _sha256(twin) == _sha256(p):
-                info = tar.gettarinfo(p, arcname=f"{lib_dir.name}/{rel.as_posix()}")
-                info.type, info.linkname, info.size = tarfile.LNKTYPE, f"{lib_dir.name}/{rel.name}", 0
+            arcname = f"{lib_dir.name}/{p.relative_to(lib_dir).as_posix()}"
+            first = packed.setdefault((p.stat().st_size, _sha256(p)), arcname)
+            if first != arcname:
+                info = tar.gettarinfo(p, arcname=arcname)
+                info.type, info.linkname, info.size = tarfile.LNKTYPE, first, 0
                 tar.addfile(info)
             else:
-                tar.add(p, arcname=f"{lib_dir.name}/{rel.as_posix()}", recursive=False)
+                tar.add(p, arcname=arcname, recursive=False)
     os.replace(tmp, out)
     return out
 

@@ -51,11 +51,11 @@ from report import render_table  # noqa: E402
 sys.path.insert(0, str(ROOT))
 from dflash_gguf.native.cuda_toolchain import runtime_lib_dirs as cuda_runtime_dirs  # noqa: E402 (stdlib only)
 
-STEPS = ("setup", "build", "tests", "verify8b", "moe", "bench", "verify", "train")
+STEPS = ("setup", "build", "tests", "verify8b", "moe", "bench", "verify", "probe", "train")
 # a 15-minute window: the limits keep the first call (setup, build, tests, verify8b) under 8 minutes; a compile
 # (no prebuilt for this tree) needs --timeout build=400
 TIMEOUTS = {"setup": 90, "build": 60, "tests": 180, "verify8b": 240, "moe": 240, "bench": 300, "verify": 120,
-            "train": 520}
+            "probe": 120, "train": 520}
 TOOLS = ["llama-speculative-simple", "llama-bench"]
 PROFILES = {   # full: the H100 run the issue asks for; tiny: the CPU dry run (same steps, small everything)
     "full": dict(bench_limit=10, n_predict=128, repeat=2, max_batch=16, lookup_max=32, reps=7, dense="qwen3-8b",
@@ -165,6 +165,23 @@ def _curve(c: Check, name: str, model: Path | None = None) -> Cmd:
 
 def cmd_verify(c: Check) -> list[Cmd]:
     return [_curve(c, "verify")]
+
+
+def cmd_probe(c: Check) -> list[Cmd]:
+    """t(B) in the calibration's order against the same width back to back (tools/gpu/shape_probe.py), and stock
+    llama-bench's pp B on the same random model"""
+    shape, ftype = ("smollm2-135m", "q4_1") if c.device_required else ("tiny-dense", "q4_1")
+    probe = [c.python, str(HERE / "shape_probe.py"), "--out", str(c.state / "probe"), "--threads", str(_threads(c)),
+             "--shape", shape, "--ftype", ftype] + ([] if c.device_required else ["--rounds", "2"])
+    stock = [c.python, str(HERE / "stock_curve.py"), "--bench", _tool(c, "llama-bench"), "--model",
+             str(c.state / "probe" / f"{shape}-{ftype}.gguf"), "--max-batch", "16", "--reps", str(c.profile["reps"]),
+             "--threads", str(_threads(c)), "-ngl", "99"]
+    return [Cmd(probe), Cmd(stock, c.state / "probe-stock.json")]
+
+
+def parse_probe(c: Check) -> tuple[bool, dict]:
+    probe = _json(c.state / "probe" / "shape-probe.json")
+    return probe is not None, probe or {}
 
 
 def _random_model(c: Check, shape: str, name: str) -> tuple[Cmd, Path]:
@@ -316,10 +333,11 @@ def greedy_equals_plain(results: dict) -> dict:
 
 
 COMMANDS = {"setup": cmd_setup, "train": cmd_train, "build": cmd_build, "tests": cmd_tests, "verify": cmd_verify,
-            "verify8b": cmd_verify8b, "bench": cmd_bench, "moe": cmd_moe}
+            "verify8b": cmd_verify8b, "bench": cmd_bench, "moe": cmd_moe, "probe": cmd_probe}
 WRITES = {"tests": ("tests.xml",), "bench": ("bench.json",)}     # reports the programs write themselves
 PARSERS = {"setup": parse_setup, "train": parse_train, "build": parse_build, "tests": parse_tests,
-           "verify": parse_verify, "verify8b": parse_verify8b, "bench": parse_bench, "moe": parse_moe}
+           "verify": parse_verify, "verify8b": parse_verify8b, "bench": parse_bench, "moe": parse_moe,
+           "probe": parse_probe}
 
 
 # ---- running ---------------------------------------------------------------------------------------------
