@@ -59,9 +59,9 @@ TIMEOUTS = {"setup": 90, "build": 60, "tests": 180, "verify8b": 240, "moe": 240,
 TOOLS = ["llama-speculative-simple", "llama-bench"]
 PROFILES = {   # full: the H100 run the issue asks for; tiny: the CPU dry run (same steps, small everything)
     "full": dict(bench_limit=10, n_predict=128, repeat=2, max_batch=16, lookup_max=32, reps=7, dense="qwen3-8b",
-                 moe="qwen3-moe", moe_n_predict=64, moe_repeat=2),
+                 moe="qwen3-moe", moe_n_predict=64, moe_repeat=2, probe="smollm2-135m", probe_rounds=6),
     "tiny": dict(bench_limit=1, n_predict=8, repeat=1, max_batch=4, lookup_max=3, reps=2, dense="tiny-dense",
-                 moe="tiny-moe", moe_n_predict=8, moe_repeat=1),
+                 moe="tiny-moe", moe_n_predict=8, moe_repeat=1, probe="tiny-dense", probe_rounds=2),
 }
 LOG_TAIL_BYTES = 2 << 20        # per step in the returned log (the state folder keeps everything)
 
@@ -170,11 +170,11 @@ def cmd_verify(c: Check) -> list[Cmd]:
 def cmd_probe(c: Check) -> list[Cmd]:
     """t(B) in the calibration's order against the same width back to back (tools/gpu/shape_probe.py), and stock
     llama-bench's pp B on the same random model"""
-    shape, ftype = ("smollm2-135m", "q4_1") if c.device_required else ("tiny-dense", "q4_1")
+    p = c.profile
     probe = [c.python, str(HERE / "shape_probe.py"), "--out", str(c.state / "probe"), "--threads", str(_threads(c)),
-             "--shape", shape, "--ftype", ftype] + ([] if c.device_required else ["--rounds", "2"])
+             "--shape", p["probe"], "--ftype", "q4_1", "--rounds", str(p["probe_rounds"])]
     stock = [c.python, str(HERE / "stock_curve.py"), "--bench", _tool(c, "llama-bench"), "--model",
-             str(c.state / "probe" / f"{shape}-{ftype}.gguf"), "--max-batch", "16", "--reps", str(c.profile["reps"]),
+             str(c.state / "probe" / f"{p['probe']}-q4_1.gguf"), "--max-batch", "16", "--reps", str(p["reps"]),
              "--threads", str(_threads(c)), "-ngl", "99"]
     return [Cmd(probe), Cmd(stock, c.state / "probe-stock.json")]
 

@@ -30,6 +30,8 @@ SHAPES = {
                      n_vocab=151936),
     "qwen3-moe": dict(arch="qwen3moe", n_embd=2048, n_layer=8, n_head=32, n_head_kv=4, head_dim=128, n_ff=6144,
                       n_expert=128, n_expert_used=8, n_ff_exp=768, n_vocab=151936),
+    "smollm2-135m": dict(arch="qwen3", n_embd=576, n_layer=30, n_head=9, n_head_kv=3, head_dim=64, n_ff=1536,
+                         n_vocab=49152),     # SmolLM2-135M's geometry (tools/gpu/shape_probe.py)
     "tiny-dense": dict(arch="qwen3", n_embd=256, n_layer=4, n_head=4, n_head_kv=2, head_dim=64, n_ff=512,
                        n_vocab=2048),
     "tiny-moe": dict(arch="qwen3moe", n_embd=256, n_layer=4, n_head=4, n_head_kv=2, head_dim=64, n_ff=512,

@@ -21,8 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from random_gguf import SHAPES, make  # noqa: E402
 
-SHAPES.setdefault("smollm2-135m", dict(arch="qwen3", n_embd=576, n_layer=30, n_head=9, n_head_kv=3, head_dim=64,
-                                       n_ff=1536, n_vocab=49152))
 WIDTHS = (1, 2, 3, 4, 8, 16)
 
 
