@@ -83,6 +83,9 @@ def test_cpu_dry_run_passes_every_step(tmp_path):
     probe = steps["probe"]["details"]      # t(B) in the calibration's order and steady, on the same random model
     assert set(probe["steady"]) == set(probe["interleaved"]) == {str(b) for b in (1, 2, 3, 4, 8, 16)}
     assert all(t > 0 for t in probe["steady"].values()) and probe["model"]["spec"]["shape"] == "tiny-dense"
+    node = probe["first_node_key"]         # the same, CUDA graphs keyed by the first node alone (upstream's key)
+    assert probe["graph_key"] == "shape" and node["graph_key"] == "node"
+    assert set(node["steady"]) == set(probe["steady"]) and all(t > 0 for t in node["interleaved"].values())
     log = (tmp_path / "out" / "gpu-check.log").read_text()
     assert all(f"===== {s}: passed" in log for s in rep["summary"])
     # the pruned llama.cpp tree the GPU machine builds from still configures with every tool enabled

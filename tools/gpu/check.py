@@ -55,7 +55,7 @@ STEPS = ("setup", "build", "tests", "verify8b", "moe", "bench", "verify", "probe
 # a 15-minute window: the limits keep the first call (setup, build, tests, verify8b) under 8 minutes; a compile
 # (no prebuilt for this tree) needs --timeout build=400
 TIMEOUTS = {"setup": 90, "build": 60, "tests": 180, "verify8b": 240, "moe": 240, "bench": 300, "verify": 120,
-            "probe": 120, "train": 520}
+            "probe": 180, "train": 520}
 TOOLS = ["llama-speculative-simple", "llama-bench"]
 PROFILES = {   # full: the H100 run the issue asks for; tiny: the CPU dry run (same steps, small everything)
     "full": dict(bench_limit=10, n_predict=128, repeat=2, max_batch=16, lookup_max=32, reps=7, dense="qwen3-8b",
@@ -168,20 +168,22 @@ def cmd_verify(c: Check) -> list[Cmd]:
 
 
 def cmd_probe(c: Check) -> list[Cmd]:
-    """t(B) in the calibration's order against the same width back to back (tools/gpu/shape_probe.py), and stock
-    llama-bench's pp B on the same random model"""
+    """t(B) in the calibration's order against the same width back to back (tools/gpu/shape_probe.py), with CUDA
+    graphs kept per shape (patches/0021) and keyed by the first node alone (upstream), and stock llama-bench's
+    pp B on the same random model"""
     p = c.profile
     probe = [c.python, str(HERE / "shape_probe.py"), "--out", str(c.state / "probe"), "--threads", str(_threads(c)),
              "--shape", p["probe"], "--ftype", "q4_1", "--rounds", str(p["probe_rounds"])]
     stock = [c.python, str(HERE / "stock_curve.py"), "--bench", _tool(c, "llama-bench"), "--model",
              str(c.state / "probe" / f"{p['probe']}-q4_1.gguf"), "--max-batch", "16", "--reps", str(p["reps"]),
              "--threads", str(_threads(c)), "-ngl", "99"]
-    return [Cmd(probe), Cmd(stock, c.state / "probe-stock.json")]
+    return [Cmd(probe), Cmd([*probe, "--graph-key", "node"]), Cmd(stock, c.state / "probe-stock.json")]
 
 
 def parse_probe(c: Check) -> tuple[bool, dict]:
     probe = _json(c.state / "probe" / "shape-probe.json")
-    return probe is not None, probe or {}
+    node = _json(c.state / "probe" / "shape-probe-node.json")
+    return probe is not None and node is not None, (probe or {}) | {"first_node_key": node}
 
 
 def _random_model(c: Check, shape: str, name: str) -> tuple[Cmd, Path]:

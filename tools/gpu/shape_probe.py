@@ -3,14 +3,17 @@
 paid 1.16: t(B) of one target decode after 256 tokens, (a) in the calibration's order (every call a new width),
 (b) steady (the same width back to back, the later calls counted), (c) in the calibration's order again.
 Random weights of SmolLM2-135M's geometry (and the ~2B one with --shape) written on the machine.
+--graph-key node times ggml-cuda's CUDA graphs keyed by the first node alone (upstream's key, before
+patches/0021 gave each graph shape its own), into shape-probe-node.json beside shape-probe.json.
 
-    python3 tools/gpu/shape_probe.py --out DIR [--shape smollm2-135m] [--ftype q4_1] [-ngl 99]
+    python3 tools/gpu/shape_probe.py --out DIR [--shape smollm2-135m] [--ftype q4_1] [-ngl 99] [--graph-key node]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -32,7 +35,11 @@ def main() -> int:
     ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=99)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--graph-key", choices=("shape", "node"), default="shape",
+                    help="CUDA graph cache key: per graph shape (ours) or the first node only (upstream's)")
     a = ap.parse_args()
+    if a.graph_key == "node":      # read once, when ggml-cuda first keys a graph: set before the library loads
+        os.environ["DFLASH_CUDA_GRAPH_KEY"] = "node"
     from dflash_gguf.engine.target import Target
     from dflash_gguf.native.wrappers import ContextSettings, Model
 
@@ -64,14 +71,15 @@ def main() -> int:
         return out
 
     t0 = time.perf_counter()
-    result = {"model": desc, "widths": WIDTHS, "interleaved": interleaved(), "steady": steady(),
+    result = {"model": desc, "graph_key": a.graph_key, "widths": WIDTHS, "interleaved": interleaved(), "steady": steady(),
               "interleaved_again": interleaved()}
     result["seconds"] = round(time.perf_counter() - t0, 1)
     for name in ("interleaved", "steady", "interleaved_again"):
         ms = result[name]
         print(f"{name:18s} t(1) {ms[1]:.3f} ms  t(B)/t(1): "
               + " ".join(f"B{b}={ms[b] / ms[1]:.2f}" for b in WIDTHS[1:]), flush=True)
-    (a.out / "shape-probe.json").write_text(json.dumps(result, indent=1))
+    name = "shape-probe.json" if a.graph_key == "shape" else f"shape-probe-{a.graph_key}.json"
+    (a.out / name).write_text(json.dumps(result, indent=1))
     return 0
 
 
