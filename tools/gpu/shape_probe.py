@@ -71,8 +71,8 @@ def main() -> int:
         return out
 
     t0 = time.perf_counter()
-    result = {"model": desc, "graph_key": a.graph_key, "widths": WIDTHS, "interleaved": interleaved(), "steady": steady(),
-              "interleaved_again": interleaved()}
+    result = {"model": desc, "graph_key": a.graph_key, "widths": WIDTHS, "interleaved": interleaved(),
+              "steady": steady(), "interleaved_again": interleaved()}
     result["seconds"] = round(time.perf_counter() - t0, 1)
     for name in ("interleaved", "steady", "interleaved_again"):
         ms = result[name]
