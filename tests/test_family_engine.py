@@ -46,12 +46,21 @@ def drafters(smollm2, tmp_path_factory):
     return {kind: files[member, anchor] for kind, (member, anchor, _, _) in KINDS.items()}
 
 
-def _open(drafters, kind, target):
-    """The draft source the engine opens for this kind's file (DSpark's chain where the kind says)."""
+# How many rows a draft call decodes: the whole trained block, or n + 1 for n drafts ("short": what the engine runs on
+# CPUs, where the calibration finds the drafter's cost growing with its rows; policy.measure_cost_curve)
+BLOCKS = ("full", "short")
+
+
+def _open(drafters, kind, target, blocks="full"):
+    """The draft source the engine opens for this kind's file (DSpark's chain where the kind says), decoding
+    `blocks` rows per draft call."""
     in_graph = KINDS[kind][3]
     if in_graph is None:
-        return open_drafter(Model(drafters[kind]), target.ctx, SETTINGS, target.model)
-    return DSparkSource(Model(drafters[kind]), target.ctx, SETTINGS, target.model, markov_in_graph=in_graph)
+        drafter = open_drafter(Model(drafters[kind]), target.ctx, SETTINGS, target.model)
+    else:
+        drafter = DSparkSource(Model(drafters[kind]), target.ctx, SETTINGS, target.model, markov_in_graph=in_graph)
+    drafter.short_blocks = blocks == "short"
+    return drafter
 
 
 @pytest.fixture(scope="module")
@@ -62,31 +71,37 @@ def target(smollm2):
     t.close()
 
 
+@pytest.fixture(scope="module")
+def plain_outputs(target):
+    """Plain greedy decoding of the project's first prompts (2 per category), 48 tokens: (prompt, output) pairs."""
+    plain = SpecDecoder(target, None, DraftLengthPolicy(1, adaptive=False))
+    prompts = [target.model.tokenize(text, add_special=False) for text in project_prompts(per_category=2)]
+    return [(p, plain.generate(p, 48, stop_tokens=_never_stop).tokens) for p in prompts]
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("blocks", BLOCKS)
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_greedy_equals_plain_on_smollm2(target, drafters, kind):
+def test_greedy_equals_plain_on_smollm2(target, drafters, plain_outputs, kind, blocks):
     member, _, cls, in_graph = KINDS[kind]
-    drafter = _open(drafters, kind, target)
+    drafter = _open(drafters, kind, target, blocks)
     assert type(drafter) is cls
     if cls is DSparkSource:
         assert (drafter.markov is None) == bool(in_graph)      # on the CPU the engine chains in numpy
-    plain = SpecDecoder(target, None, DraftLengthPolicy(1, adaptive=False))
     spec = SpecDecoder(target, drafter, DraftLengthPolicy(7, adaptive=False))
     spec.debug_check_positions = True
     accepted = drafted = calls = generated = 0
-    for i, text in enumerate(project_prompts(per_category=2)):
-        prompt = target.model.tokenize(text, add_special=False)
-        ref = plain.generate(prompt, 48, stop_tokens=_never_stop).tokens
+    for i, (prompt, ref) in enumerate(plain_outputs):
         res = spec.generate(prompt, 48, stop_tokens=_never_stop)
         if res.tokens != ref:
             k = next(j for j, (a, b) in enumerate(zip(res.tokens, ref)) if a != b)
-            pytest.fail(f"{kind}, prompt {i}: speculative output diverged from plain at token {k}")
+            pytest.fail(f"{kind}, {blocks} blocks, prompt {i}: speculative output diverged from plain at token {k}")
         accepted, drafted = accepted + res.n_accepted, drafted + res.n_drafted
         calls, generated = calls + res.n_target_calls, generated + len(res.tokens) - 1
     assert drafted > accepted
     if kind != "dspark-anchor-first":      # the shipped backbone was trained DFlash-style (rows 1..n)
         assert accepted > 0, f"{kind}: no draft token accepted"
-    print(f"{kind}: tau {generated / calls:.3f}, accepted {accepted}/{drafted}")
+    print(f"{kind}, {blocks} blocks: tau {generated / calls:.3f}, accepted {accepted}/{drafted}")
 
 
 def _reference_q(ids: np.ndarray, scores: np.ndarray, sampling: SamplingParams, n_vocab: int) -> np.ndarray:
@@ -162,10 +177,11 @@ def _assert_drawn_from_verified_q(blocks: list[dict], drafter, sampling: Samplin
         assert after_other_pred > 0, "no slot was drawn after a predecessor other than the walk's first candidate"
 
 
+@pytest.mark.parametrize("blocks", BLOCKS)
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_each_draft_is_drawn_from_the_q_that_verification_uses(target, drafters, kind):
+def test_each_draft_is_drawn_from_the_q_that_verification_uses(target, drafters, kind, blocks):
     """Rejection mode at T = 1, top-k 8, 2 × 24 tokens of up to 7 drafts: every drafted slot, checked exactly."""
-    drafter = _open(drafters, kind, target)
+    drafter = _open(drafters, kind, target, blocks)
     spec = SpecDecoder(target, drafter, DraftLengthPolicy(7, adaptive=False))
     blocks = _record_blocks(spec)
     prompt = target.model.tokenize("The capital of France is", add_special=False)
@@ -175,12 +191,13 @@ def test_each_draft_is_drawn_from_the_q_that_verification_uses(target, drafters,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind,t_mode", [("dflash2", "rejection"), ("dflash2", "match"),
-                                         ("dspark", "rejection"), ("dspark", "match"),
-                                         ("dspark-in-graph", "rejection")])
-def test_sampling_distribution_equals_plain_on_smollm2(target, drafters, kind, t_mode):
-    """The second generated token (drafted and verified speculatively) follows the exact marginal."""
-    drafter = _open(drafters, kind, target)
+@pytest.mark.parametrize("kind,t_mode,blocks", [("dflash2", "rejection", "full"), ("dflash2", "match", "short"),
+                                                ("dspark", "rejection", "full"), ("dspark", "match", "short"),
+                                                ("dspark-in-graph", "rejection", "short")])
+def test_sampling_distribution_equals_plain_on_smollm2(target, drafters, kind, t_mode, blocks):
+    """The second generated token (drafted and verified speculatively) follows the exact marginal. Each member
+    in both modes and both block lengths across this test and the third token's (800 seeds a case)."""
+    drafter = _open(drafters, kind, target, blocks)
     sampling = SamplingParams(temperature=1.0, top_k=8)
     prompt = target.model.tokenize("The capital of France is", add_special=False)
     expected = exact_second_token_marginal(target, prompt, sampling)
@@ -203,8 +220,8 @@ def test_third_token_distribution_in_rejection_mode_on_smollm2(target, drafters,
     """The third generated token follows the exact marginal in rejection mode. When the first block accepts its
     first draft, the third token comes out of the block's second slot (accepted, or recovered from
     max(p - q, 0)): a slot drawn after an earlier draw, from the DFlash2 walk's q given the sampled predecessor
-    or from the DSpark chain's."""
-    drafter = _open(drafters, kind, target)
+    or from the DSpark chain's. Short blocks (4 rows for 3 drafts), as the engine drafts on CPUs."""
+    drafter = _open(drafters, kind, target, "short")
     sampling = SamplingParams(temperature=1.0, top_k=8)
     prompt = target.model.tokenize("The capital of France is", add_special=False)
     expected = exact_token_marginal(target, prompt, sampling, 2)
