@@ -54,8 +54,8 @@ DRAFT_MAX = {"full": 7, "short": 3}
 
 
 def _open(drafters, kind, target, blocks="full"):
-    """The draft source the engine opens for this kind's file (DSpark's chain where the kind says), decoding
-    `blocks` rows per draft call."""
+    """The draft source the engine opens for this kind's file (DSpark's chain where the kind says), drafting
+    with full or short blocks (`blocks`, one of BLOCKS)."""
     in_graph = KINDS[kind][3]
     if in_graph is None:
         drafter = open_drafter(Model(drafters[kind]), target.ctx, SETTINGS, target.model)
@@ -198,8 +198,9 @@ def test_each_draft_is_drawn_from_the_q_that_verification_uses(target, drafters,
                                                 ("dspark", "rejection", "full"), ("dspark", "match", "short"),
                                                 ("dspark-in-graph", "rejection", "short")])
 def test_sampling_distribution_equals_plain_on_smollm2(target, drafters, kind, t_mode, blocks):
-    """The second generated token (drafted and verified speculatively) follows the exact marginal. Each member
-    in both modes and both block lengths across this test and the third token's (800 seeds a case)."""
+    """The second generated token (drafted and verified speculatively) follows the exact marginal (800 seeds a
+    case). Across this test and the third token's, each member runs in both modes and with both block lengths,
+    though not in every pairing of the two (the greedy and q tests pair every kind with both lengths)."""
     drafter = _open(drafters, kind, target, blocks)
     sampling = SamplingParams(temperature=1.0, top_k=8)
     prompt = target.model.tokenize("The capital of France is", add_special=False)
