@@ -55,6 +55,8 @@ def test_lookup_acceptance_is_tracked_per_match_length():
     e = acc.expected(4)
     a = acc.alpha(4)
     assert np.isclose(e[2], 1 + a[0] + a[0] * a[1])
+    acc.record(2, 3, 1)
+    assert acc.expected(2, 1) == acc.expected(2)[:2]     # only as far as asked, the same values
 
 
 def _policy(has_drafter, **kw):

@@ -119,6 +119,56 @@ def test_a_row_more_costs_a_cold_verify_at_least_what_it_costs_a_warm_one():
     assert curve.verify(3) == pytest.approx(1.2)               # warm prices as they were
 
 
+def _cold_price_by_definition(curve: CostCurve, b: int) -> float:
+    """A cold verify of b rows: the cold curve, at least the warm one, and at least the warm one plus what any
+    smaller cold size costs above the warm curve (each made non-decreasing in the size, interpolated linearly)."""
+    def interp(table, x):
+        points, top = [], None
+        for k in sorted(table):
+            top = table[k] if top is None else max(top, table[k])
+            points.append((k, top))
+        below = [(k, v) for k, v in points if k < x]
+        above = [(k, v) for k, v in points if k >= x]
+        if not below or not above:
+            return (above or below)[0 if above else -1][1]
+        (k0, v0), (k1, v1) = below[-1], above[0]
+        return v0 + (v1 - v0) * (x - k0) / (k1 - k0)
+    warm = interp(curve.t, b)
+    extras = [curve.t_cold[k] - interp(curve.t, k) for k in curve.t_cold if k < b]
+    return max([interp(curve.t_cold, b), warm] + [warm + e for e in extras])
+
+
+def test_cold_prices_equal_their_definition_on_random_tables():
+    # the prices are computed in one walk per table; on any tables they equal the size-by-size definition
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        warm = {int(k): float(v) for k, v in zip(rng.choice(np.arange(2, 34), rng.integers(0, 9), replace=False),
+                                                  rng.uniform(0.5, 10, 9))}
+        cold = {int(k): float(v) for k, v in zip(rng.choice(np.arange(2, 20), rng.integers(1, 7), replace=False),
+                                                  rng.uniform(0.5, 12, 7))}
+        curve = CostCurve({1: float(rng.uniform(0.5, 2)), **warm}, 0.2, t_cold=cold)
+        sizes = [int(b) for b in rng.choice(np.arange(1, 40), 9, replace=False)]
+        assert curve.verify_sizes(sizes, cold=True) == [_cold_price_by_definition(curve, b) for b in sizes]
+
+
+def test_a_lookup_verify_past_the_drafters_sizes_keeps_its_prices():
+    # the drafter's prices read the warm curve up to draft_max + 1 = 8 rows: a lookup verify of 12 rows leaves
+    # them (kept, not weighed again), one of 4 rows moves them; either way they are what a fresh weighing gives
+    policy = DraftLengthPolicy(7, cost=CostCurve({1: 1.0, 2: 1.2, 4: 1.5, 8: 2.2, 16: 3.9}, 0.2,
+                                                 t_cold={2: 1.4, 8: 2.5}), lookup_max=15)
+    policy.use_lookup(4)
+    policy.expected_rates(0.5)
+    for rows, kept in ((12, True), (16, True), (4, False), (8, False)):
+        before = policy._step_prices()
+        policy.observe(rows - 1, 0, verify_s=policy.cost.t[4] * 2.0, lookup=True)
+        cached = policy._step_prices()
+        assert (cached is before) == kept
+        policy._prices_key = None
+        fresh = policy._step_prices()       # equal but for rounding: the verify also lowered t(1), moving all alike
+        assert fresh[0] == pytest.approx(cached[0], rel=1e-12) and fresh[1] == cached[1]
+        policy.expected_rates(0.5)
+
+
 @pytest.mark.parametrize("t1,full,short,chosen", [
     (7.0, 1.30, 0.93, True),     # Zen 4, shipped drafter: 0.72 of a full block, 5 % of t(1) saved
     (7.0, 1.30, 1.10, False),    # 3 % of t(1): not worth the full block's acceptance

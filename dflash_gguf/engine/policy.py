@@ -49,6 +49,22 @@ def _interp_points(points: list[tuple[int, float]], x: float) -> float:
     return prev_v
 
 
+def _interp_each(points: list[tuple[int, float]], xs: Sequence[float]) -> dict[float, float]:
+    """`_interp_points(points, x)` for each x, in one walk over the points (the same expression, so the same
+    bits)."""
+    out: dict[float, float] = {}
+    i, m = 0, len(points)
+    for x in sorted(set(xs)):
+        while i < m and points[i][0] < x:
+            i += 1
+        if i == 0 or i == m:
+            out[x] = points[min(i, m - 1)][1] if m else None
+        else:
+            (prev_k, prev_v), (k, v) = points[i - 1], points[i]
+            out[x] = prev_v + (v - prev_v) * (x - prev_k) / (k - prev_k)
+    return out
+
+
 # One timing moves an estimate by at most `smoothing` × 25 %. Steps stall now and then (the OS, Python's
 # collector: plain steps of 10–29 ms measured among 7.5 ms ones, SmolLM2 on one core); unclipped, one stall
 # made t(1) look 35 % dearer, and as t(1) is only measured on plain steps, the policy then drafted through a
@@ -82,6 +98,7 @@ class CostCurve:
     t_cold: dict[int, float] = field(default_factory=dict)
     shape: dict[int, float] = field(init=False, repr=False, compare=False)   # t(B)/t(1) as first measured
     shape_cold: dict[int, float] = field(init=False, repr=False, compare=False)
+    _shape_points: dict[bool, list[tuple[int, float]]] = field(init=False, repr=False, compare=False)
     # Counts the timings that moved a price against t(1); `rescale` moves every price alike and leaves it.
     version: int = field(default=0, init=False, repr=False, compare=False)
 
@@ -89,6 +106,8 @@ class CostCurve:
         t1 = self.t.get(1)
         self.shape = {b: v / t1 for b, v in self.t.items()} if t1 else {}
         self.shape_cold = {b: v / t1 for b, v in self.t_cold.items()} if t1 else {}
+        # sorted once: every verify off a plain step reads its shape
+        self._shape_points = {False: _points(self.shape, False), True: _points(self.shape_cold, False)}
 
     def draft(self, n: int) -> float:
         """Seconds of a draft call of n tokens."""
@@ -98,8 +117,14 @@ class CostCurve:
         """`draft(n)` for each n, the table sorted once."""
         if not (self.short_blocks and self.t_draft_n):
             return [self.t_draft] * len(ns)
-        points = _points(self.t_draft_n, False)
-        return [_interp_points(points, n) for n in ns]
+        at = _interp_each(_points(self.t_draft_n, False), ns)
+        return [at[n] for n in ns]
+
+    def t1(self) -> float:
+        """`verify(1)`: t(1) itself where it is timed (batch sizes start at 1, so no smaller size lifts it), without
+        sorting the table."""
+        t1 = self.t.get(1)
+        return t1 if t1 is not None else self.verify(1)
 
     def verify(self, b: int, cold: bool = False) -> float:
         """t(b) (after a draft call with `cold`), never below t of a smaller batch: more rows never cost less, and a
@@ -107,23 +132,30 @@ class CostCurve:
         return self.verify_sizes([b], cold)[0]
 
     def verify_sizes(self, bs: Sequence[int], cold: bool = False) -> list[float]:
-        """`verify(b, cold)` for each b, the tables sorted once."""
+        """`verify(b, cold)` for each b, each table sorted and walked once."""
         warm_points = _points(self.t, True)
         if not (cold and self.t_cold):
-            return [_interp_points(warm_points, b) for b in bs]
-        cold_points = _points(self.t_cold, True)
+            warm = _interp_each(warm_points, bs)
+            return [warm[b] for b in bs]
         # A row more costs a cold verify at least what it costs a warm one (the caches' refill is paid once per
         # call, not per row). Each cold size is timed only when its draft length runs, so one can be left from a
         # slower spell: at t_cold(2) 1.27 t(1) and t_cold(3) 1.28 (measured in the loop then: 1.16 and 1.34) two
         # drafts looked as cheap as one, and chat drafted two at a slot 1 of 0.35.
-        steps = [(k, v - _interp_points(warm_points, k)) for k, v in self.t_cold.items()]
+        cold_points = _points(self.t_cold, True)
+        warm = _interp_each(warm_points, [*bs, *self.t_cold])
+        cold_at = _interp_each(cold_points, bs)
+        # (k, the most any cold size up to k costs above the warm curve); adding it to the warm price is monotone in
+        # the extra, so warm + the largest extra equals the largest of warm + each extra bit for bit
+        largest_extra: list[tuple[int, float]] = []
+        for k, _ in cold_points:
+            extra = self.t_cold[k] - warm[k]
+            largest_extra.append((k, extra if not largest_extra else max(largest_extra[-1][1], extra)))
         out = []
         for b in bs:
-            warm = _interp_points(warm_points, b)
-            price = max(_interp_points(cold_points, b), warm)
-            for k, extra in steps:
-                if k < b:
-                    price = max(price, warm + extra)
+            price = max(cold_at[b], warm[b])
+            below = [extra for k, extra in largest_extra if k < b]
+            if below:
+                price = max(price, warm[b] + below[-1])
             out.append(price)
         return out
 
@@ -132,14 +164,14 @@ class CostCurve:
 
     def observe_verify(self, b: int, seconds: float, cold: bool = False) -> None:
         cold = cold and bool(self.t_cold)
-        table, shape = (self.t_cold, self.shape_cold) if cold else (self.t, self.shape)
+        table, shape = (self.t_cold, self._shape_points[True]) if cold else (self.t, self._shape_points[False])
         if b > 1 and shape and 1 in self.t:
             # t(1) is timed on plain steps only, so a speculative streak would keep whatever it last was. The
             # calibrated shape turns this timing into one of t(1), which may only lower it: a t(1) that looks
             # too dear makes drafting look cheap, the one mistake that loses against plain decoding. The other
             # prices move with it (`rescale`): lowered here alone and raised with them by the next plain steps,
             # t(1) would ratchet every other price up against it.
-            implied = seconds / interp_value(shape, b)
+            implied = seconds / _interp_points(shape, b)
             if implied < self.t[1]:
                 self.rescale(_smoothed(self.t[1], implied, self.smoothing))
         table[b] = _smoothed(table.get(b), seconds, self.smoothing)
@@ -347,14 +379,17 @@ class LookupAcceptance:
         w = self.prior_weight
         return [(a + p * w) / (t + w) for a, t, p in zip(self.accepted[b], self.tried[b], self.prior[b])]
 
-    def expected(self, match_len: int) -> list[float]:
-        """E(k) for k = 0..n_slots: 1 + Σ_{j≤k} Π_{i≤j} α_i."""
+    def expected(self, match_len: int, up_to: int | None = None) -> list[float]:
+        """E(k) for k = 0..n_slots (at least 0..up_to): 1 + Σ_{j≤k} Π_{i≤j} α_i. Only as far as asked: each
+        step's record empties its bucket, and a continuation offers fewer slots than a long lookup may take."""
         b = min(match_len, self.max_match)
+        need = self.n_slots if up_to is None else min(up_to, self.n_slots)
         e = self._expected[b]
-        if e is None:
+        if e is None or len(e) <= need:
             e, run = [1.0], 1.0
-            for a in self.alpha(b):
-                run *= a
+            w, prior, tried, accepted = self.prior_weight, self.prior[b], self.tried[b], self.accepted[b]
+            for i in range(need):
+                run *= (accepted[i] + prior[i] * w) / (tried[i] + w)
                 e.append(e[-1] + run)
             self._expected[b] = e
         return e
@@ -442,7 +477,7 @@ class DraftLengthPolicy:
         if alpha1 is None:
             alpha1 = self.slots.draw_first(self._rng) if self.explore else alpha[0]
         prices, kept = self._step_prices()
-        t1 = self.cost.verify(1)
+        t1 = self.cost.t1()
         rates = {0: 1.0 / t1}
         cutoff = float("inf")
         e, run = 1.0, 1.0                  # E(n) = 1 + Σ_{j≤n} Π_{k≤j} α_k
@@ -474,7 +509,7 @@ class DraftLengthPolicy:
         q = self.emptied
         key = (id(self.cost), self.cost.version, q)
         if key != self._prices_key:
-            cost, t1 = self.cost, self.cost.verify(1)
+            cost, t1 = self.cost, self.cost.t1()
             # a drafter's verify runs right after its draft: cold
             ns = list(range(self.draft_min, self.draft_max + 1))
             verifies = cost.verify_sizes([n + 1 for n in ns], cold=True)
@@ -534,7 +569,7 @@ class DraftLengthPolicy:
         # in units of 1 / t(1): the lookup's verifies are priced by their ratio to a plain step, which holds
         # while the machine's load moves both (a shared CPU: t(1) 15–35 ms within minutes)
         k_max = min(available, self.lookup_max)
-        e, ratio = self.lookup.expected(match_len), self._warm_ratios()
+        e, ratio = self.lookup.expected(match_len, k_max), self._warm_ratios()
         best_k, best = 0, 1 + self.margin
         if n:
             best = max(best, self._rates.get(n, 0.0) * self.cost.t[1])
@@ -579,6 +614,22 @@ class DraftLengthPolicy:
                 still.append(offer)
         self._pending = still
 
+    def _observe_lookup_verify(self, b: int, seconds: float) -> None:
+        """A lookup verify of b rows into the warm curve. The drafter's prices (and the cutoff weighed from them)
+        read the warm curve up to draft_max + 1 rows, interpolated between timed sizes: a timing past the first
+        timed size from there leaves them as they are, so they stay cached. Otherwise every lookup verify would
+        weigh them anew (measured: 125 µs a step on a Zen 1, 15,100 of 20,000 steps recomputed, docs/policy.md)."""
+        prices_current = self._prices_key == (id(self.cost), self.cost.version, self.emptied)
+        cutoff_current = self._cutoff_key == self._state_key()
+        read_up_to = min((k for k in self.cost.t if k >= self.draft_max + 1), default=None)
+        self.cost.observe_verify(b, seconds)
+        if read_up_to is None or b <= read_up_to:
+            return
+        if prices_current:
+            self._prices_key = (id(self.cost), self.cost.version, self.emptied)
+        if cutoff_current:
+            self._cutoff_key = self._state_key()
+
     def trim(self, confidence: np.ndarray) -> int:
         """How many of a drafted block's slots to verify when the drafter rates each (c_i, the chance slot i is
         accepted once the slots before it were: DSpark's confidence head, or DFlash's top probabilities mapped
@@ -601,7 +652,7 @@ class DraftLengthPolicy:
             if self.cost is not None and verify_s is not None:
                 ratio = self._warm_ratios()
                 ratio[n_drafted] = _smoothed(ratio[n_drafted], verify_s / self.cost.t[1], self.cost.smoothing)
-                self.cost.observe_verify(n_drafted + 1, verify_s)
+                self._observe_lookup_verify(n_drafted + 1, verify_s)
             return
         if draft_s is not None and self.use_confidence:
             self.emptied = self.slots.decay * self.emptied + (1 - self.slots.decay) * (n_drafted == 0)
