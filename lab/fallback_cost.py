@@ -11,6 +11,8 @@ Three arms on the same prompts, in one process, interleaved prompt by prompt and
 - probing:  the same, but the policy's probes run as in a losing regime (a 1-token draft after 16, 32, … 256
             plain steps), so it also pays the injection of the rows buffered in between and the probe drafts.
 - dflash, lookup, hybrid: the engine with that draft source and its own adaptive policy (the A/B of issue 33);
+- always1, always2: the drafter with a fixed policy that drafts 1 (2) tokens every step (what the adaptive policy
+  should at least match where slot 1 pays);
   override: hybrid with the lookup continuation put into the drafter's block where the policy picks the drafter.
 
 Per arm: decode time per token (prefill excluded), median over prompts × rounds, and the per-pair ratio to
@@ -62,12 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=Path, default=PROMPTS)
     ap.add_argument("--arms", default="plain,fallback,probing")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("-m", "--model", type=Path, help="target GGUF (default: the embedded default)")
+    ap.add_argument("-md", "--drafter", type=Path, help="drafter GGUF (default: the shipped one)")
     a = ap.parse_args(argv)
     if a.cpu_clock and a.threads != 1:
         ap.error("--cpu-clock measures the calling thread: use it with --threads 1")
 
     from dflash_gguf.bench.prompts import prepare, read_rows
     from dflash_gguf.engine import loop
+    from dflash_gguf.engine.policy import DraftLengthPolicy
     from dflash_gguf.engine.session import Engine
     from dflash_gguf.native.cpu_kernels import CpuKernels
     from dflash_gguf.native.lib import load
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.cpu_clock:
         loop.time = types.SimpleNamespace(perf_counter=time.thread_time)
-    engine = Engine(EngineSettings(n_threads=a.threads))
+    engine = Engine(EngineSettings(n_threads=a.threads, target=a.model, drafter=a.drafter))
     if a.cpu_clock:               # the policy compares online timings with the curve: calibrate on the same clock
         from dflash_gguf.engine import session
         session.time = loop.time
@@ -84,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     files = sorted(a.prompts.glob("*.jsonl"))
     prompts = prepare(read_rows(files, a.per_category), engine)
     arms = a.arms.split(",")
-    policies = {"fallback": _policy(engine, probes=False), "probing": _policy(engine, probes=True)}
+    policies = {"fallback": _policy(engine, probes=False), "probing": _policy(engine, probes=True),
+                "always1": DraftLengthPolicy(1, adaptive=False), "always2": DraftLengthPolicy(2, adaptive=False)}
     spec = engine.decoder("dflash")                   # the fallback arms swap the policy of a decoder of their own
     engine.spec = loop.SpecDecoder(engine.target, engine.drafter, spec.policy, t_mode=spec.t_mode)
     hybrid = engine.decoder("hybrid")
@@ -108,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         run(arm, prompts[0].tokens, 16)
     per_token: dict[str, list[float]] = {arm: [] for arm in arms}
     ratios: dict[str, list[float]] = {arm: [] for arm in arms if arm != "plain"}
-    extra: dict[str, dict[str, float]] = {arm: {"probes": 0, "steps": 0, "inject_s": 0.0, "draft_s": 0.0}
-                                          for arm in arms}
+    extra: dict[str, dict[str, float]] = {arm: {"probes": 0, "steps": 0, "inject_s": 0.0, "draft_s": 0.0,
+                                                "decode_s": 0.0, "tokens": 0} for arm in arms}
     by_category: dict[tuple[str, str], list[float]] = {}
     rng = random.Random(a.seed)
     for _ in range(a.rounds):
@@ -126,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                 x["steps"] += res.n_target_calls
                 x["inject_s"] += res.timings.inject_s
                 x["draft_s"] += res.timings.draft_s
+                x["decode_s"] += res.timings.decode_s
+                x["tokens"] += max(len(res.tokens) - 1, 1)
             for arm in arms:
                 per_token[arm].append(got[arm])
                 if arm != "plain":
@@ -149,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
                         "ratio_iqr": [round(rs[q], 4), round(rs[-1 - q], 4)]})
             row["ratio_median_by_category"] = {c: round(statistics.median(v), 4)
                                                for (b, c), v in sorted(by_category.items()) if b == arm}
+            # the whole run: every prompt's tokens at its own speed (a median of per-prompt ratios weighs a prompt
+            # where drafting wins a little as much as one where it loses a lot)
+            row["speedup_total"] = round((extra["plain"]["decode_s"] / extra["plain"]["tokens"])
+                                         / (extra[arm]["decode_s"] / extra[arm]["tokens"]), 4) \
+                if "plain" in extra else None
         out["arms"][arm] = row
     print(json.dumps(out, indent=1))
     engine.close()
