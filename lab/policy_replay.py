@@ -25,23 +25,35 @@ from pathlib import Path
 import numpy as np
 
 N_MAX = 7
-# A draft step of n, in units of the plain arm's t(1): SmolLM2 Q4_K_M with the shipped drafter, 2 threads, Zen 3,
-# from the arms that always draft 1, 2 or 3 tokens (2026-11-30): verify right after a draft; draft call, injection
-# of the kept rows and the loop's own work.
-VERIFY_COLD = {1: 1.0, 2: 1.137, 3: 1.319, 4: 1.487}
-# What the cost cache calibrated for the same files, the curve the policy starts from.
-CALIBRATED = dict(t={1: 1, 2: 1.201, 3: 1.37, 4: 1.374, 6: 1.757, 8: 2.012, 12: 2.8, 16: 3.6},
-                  cold={2: 1.237, 3: 1.269, 4: 1.331, 5: 1.653, 7: 1.754, 8: 1.867},
-                  draft={1: 0.131, 2: 0.131, 3: 0.128, 4: 0.16, 6: 0.172, 7: 0.183})
+# Cost models in units of the plain arm's t(1): `verify_cold` a verify right after a draft, `draft` (n) the draft call,
+# injection of the kept rows and the loop's own work; `calibrated` what the cost cache measured for the same files, the
+# curve the policy starts from.
+COSTS = {
+    # SmolLM2 Q4_K_M with the shipped drafter, 2 threads, Zen 3, from the arms that always draft 1, 2 or 3 tokens
+    # (2026-11-30)
+    "zen3": dict(verify_cold={1: 1.0, 2: 1.137, 3: 1.319, 4: 1.487}, verify_step=0.17, draft=(0.177, 0.016),
+                 calibrated=dict(t={1: 1, 2: 1.201, 3: 1.37, 4: 1.374, 6: 1.757, 8: 2.012, 12: 2.8, 16: 3.6},
+                                 cold={2: 1.237, 3: 1.269, 4: 1.331, 5: 1.653, 7: 1.754, 8: 1.867},
+                                 draft={1: 0.131, 2: 0.131, 3: 0.128, 4: 0.16, 6: 0.172, 7: 0.183})),
+    # the same files on the Zen 1 (2026-12-05): a 1-draft step cost 1.45-1.53 t(1) in always-1 runs; the calibration
+    # of the same night
+    "zen1": dict(verify_cold={1: 1.0, 2: 1.36, 3: 1.68, 4: 2.02}, verify_step=0.33, draft=(0.14, 0.032),
+                 calibrated=dict(t={1: 1, 2: 1.321, 3: 1.659, 4: 2.035, 6: 2.71, 8: 3.324, 12: 4.889, 16: 6.35},
+                                 cold={2: 1.314, 3: 1.631, 4: 1.977, 5: 2.415, 7: 3.08, 8: 3.316},
+                                 draft={1: 0.110, 2: 0.145, 3: 0.175, 4: 0.207, 6: 0.268, 7: 0.307})),
+}
+COST = COSTS["zen3"]
 T1 = 0.008
 
 
 def verify_cost(b: int) -> float:
-    return VERIFY_COLD.get(b, VERIFY_COLD[4] + 0.17 * (b - 4))
+    cold = COST["verify_cold"]
+    return cold.get(b, cold[4] + COST["verify_step"] * (b - 4))
 
 
 def draft_cost(n: int) -> float:
-    return 0.115 + 0.016 * (n - 1) + 0.062
+    first, per_row = COST["draft"]
+    return first + per_row * (n - 1)
 
 
 def _prompts(args) -> list[dict]:
@@ -98,9 +110,10 @@ def collect(args) -> None:
 
 def _policy(kind: str):
     from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy
-    curve = CostCurve({b: v * T1 for b, v in CALIBRATED["t"].items()}, 0.2 * T1, short_blocks=True,
-                      t_draft_n={n: v * T1 for n, v in CALIBRATED["draft"].items()},
-                      t_cold={b: v * T1 for b, v in CALIBRATED["cold"].items()})
+    calibrated = COST["calibrated"]
+    curve = CostCurve({b: v * T1 for b, v in calibrated["t"].items()}, 0.2 * T1, short_blocks=True,
+                      t_draft_n={n: v * T1 for n, v in calibrated["draft"].items()},
+                      t_cold={b: v * T1 for b, v in calibrated["cold"].items()})
     before = dict(explore=False, recheck=32, carry_weight=4)       # the mean, weighed every 32 plain steps
     return DraftLengthPolicy(N_MAX, 1, cost=curve, **(before if kind == "before" else {}))
 
@@ -153,13 +166,15 @@ def keep_accepted(traces: list[dict], keep: float, seed: int = 0) -> list[dict]:
 
 
 def replay(args) -> None:
+    global COST
+    COST = COSTS[args.costs]
     traces = pickle.loads(Path(args.walk).read_bytes())
     for keep in args.keep:
         data = traces if keep >= 1 else keep_accepted(traces, keep)
         share = np.mean(np.concatenate([t["acc"][:-1, 1] > 0 for t in data]))
         print(f"accepted slots kept {keep}: slot-1 acceptance {share:.3f}")
         for kind in ("1", "2", "3", "before", "now"):
-            runs = [walk(data, kind, seed) for seed in range(args.seeds)]
+            runs = [walk(data, kind, seed, args.noise) for seed in range(args.seeds)]
             mean = {c: round(float(np.mean([r[c] for r in runs])), 3) for c in runs[0]}
             print(f"  {kind if not kind.isdigit() else 'always ' + kind:>8}: {mean}")
 
@@ -180,6 +195,8 @@ def main() -> None:
     r.add_argument("walk")
     r.add_argument("--keep", type=float, nargs="*", default=[1.0])
     r.add_argument("--seeds", type=int, default=4)
+    r.add_argument("--costs", choices=sorted(COSTS), default="zen3", help="the cost model (see COSTS)")
+    r.add_argument("--noise", type=float, default=0.08, help="log-normal spread of each timing")
     args = ap.parse_args()
     collect(args) if args.cmd == "collect" else replay(args)
 
