@@ -11,9 +11,9 @@ Three arms on the same prompts, in one process, interleaved prompt by prompt and
 - probing:  the same, but the policy's probes run as in a losing regime (a 1-token draft after 16, 32, … 256
             plain steps), so it also pays the injection of the rows buffered in between and the probe drafts.
 - dflash, lookup, hybrid: the engine with that draft source and its own adaptive policy (the A/B of issue 33);
-- always1, always2: the drafter with a fixed policy that drafts 1 (2) tokens every step (what the adaptive policy
-  should at least match where slot 1 pays);
   override: hybrid with the lookup continuation put into the drafter's block where the policy picks the drafter.
+- always1, always2: the drafter with a fixed policy that drafts 1 (2) tokens every step (what the adaptive policy
+  should at least match where slot 1 pays).
 
 Per arm: decode time per token (prefill excluded), median over prompts × rounds, and the per-pair ratio to
 plain (median and spread). With `--threads 1 --cpu-clock` the loop's clock is this thread's CPU time (ggml

@@ -41,17 +41,12 @@ def _points(table: dict[int, float], monotone: bool) -> list[tuple[int, float]]:
 
 
 def _interp_points(points: list[tuple[int, float]], x: float) -> float:
-    prev_k = prev_v = None
-    for k, v in points:
-        if x <= k:
-            return v if prev_k is None else prev_v + (v - prev_v) * (x - prev_k) / (k - prev_k)
-        prev_k, prev_v = k, v
-    return prev_v
+    return _interp_each(points, (x,))[x]
 
 
 def _interp_each(points: list[tuple[int, float]], xs: Sequence[float]) -> dict[float, float]:
-    """`_interp_points(points, x)` for each x, in one walk over the points (the same expression, so the same
-    bits)."""
+    """Linear interpolation in sorted (size, value) points, clamped at their ends, at each of xs in one walk over
+    the points (None where there are none)."""
     out: dict[float, float] = {}
     i, m = 0, len(points)
     for x in sorted(set(xs)):
@@ -374,10 +369,13 @@ class LookupAcceptance:
             accepted[i] = d * accepted[i] + (i < n_agreed)
         self._expected[b] = None
 
-    def alpha(self, match_len: int) -> list[float]:
+    def alpha(self, match_len: int, up_to: int | None = None) -> list[float]:
+        """α of the first `up_to` slots (all by default) after a match of match_len tokens."""
         b = min(match_len, self.max_match)
         w = self.prior_weight
-        return [(a + p * w) / (t + w) for a, t, p in zip(self.accepted[b], self.tried[b], self.prior[b])]
+        slots = slice(None) if up_to is None else slice(up_to)
+        return [(a + p * w) / (t + w)
+                for a, t, p in zip(self.accepted[b][slots], self.tried[b][slots], self.prior[b][slots])]
 
     def expected(self, match_len: int, up_to: int | None = None) -> list[float]:
         """E(k) for k = 0..n_slots (at least 0..up_to): 1 + Σ_{j≤k} Π_{i≤j} α_i. Only as far as asked: each
@@ -387,9 +385,8 @@ class LookupAcceptance:
         e = self._expected[b]
         if e is None or len(e) <= need:
             e, run = [1.0], 1.0
-            w, prior, tried, accepted = self.prior_weight, self.prior[b], self.tried[b], self.accepted[b]
-            for i in range(need):
-                run *= (accepted[i] + prior[i] * w) / (tried[i] + w)
+            for a in self.alpha(b, need):
+                run *= a
                 e.append(e[-1] + run)
             self._expected[b] = e
         return e
@@ -503,11 +500,15 @@ class DraftLengthPolicy:
         """What the rates depend on besides α1's draw and t(1)."""
         return id(self.slots), self.slots.updates, id(self.cost), self.cost.version, self.emptied
 
+    def _prices_state(self) -> tuple:
+        """What the drafter's step prices depend on: the curve and its timings against t(1), and the share q."""
+        return id(self.cost), self.cost.version, self.emptied
+
     def _step_prices(self) -> tuple[list[float], float]:
         """Seconds of a draft step of each n from draft_min on, in units of t(1) (its draft call, then its verify
         right after it), and 1 - q; kept until a timing moves a price against t(1)."""
         q = self.emptied
-        key = (id(self.cost), self.cost.version, q)
+        key = self._prices_state()
         if key != self._prices_key:
             cost, t1 = self.cost, self.cost.t1()
             # a drafter's verify runs right after its draft: cold
@@ -619,14 +620,14 @@ class DraftLengthPolicy:
         read the warm curve up to draft_max + 1 rows, interpolated between timed sizes: a timing past the first
         timed size from there leaves them as they are, so they stay cached. Otherwise every lookup verify would
         weigh them anew (measured: 125 µs a step on a Zen 1, 15,100 of 20,000 steps recomputed, docs/policy.md)."""
-        prices_current = self._prices_key == (id(self.cost), self.cost.version, self.emptied)
+        prices_current = self._prices_key == self._prices_state()
         cutoff_current = self._cutoff_key == self._state_key()
         read_up_to = min((k for k in self.cost.t if k >= self.draft_max + 1), default=None)
         self.cost.observe_verify(b, seconds)
         if read_up_to is None or b <= read_up_to:
             return
         if prices_current:
-            self._prices_key = (id(self.cost), self.cost.version, self.emptied)
+            self._prices_key = self._prices_state()
         if cutoff_current:
             self._cutoff_key = self._state_key()
 
