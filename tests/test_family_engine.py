@@ -15,7 +15,8 @@ from dflash_gguf.engine.policy import DraftLengthPolicy
 from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.target import Target
 from dflash_gguf.native.wrappers import ContextSettings, Model
-from helpers.engine import assert_same_distribution, exact_second_token_marginal, exact_token_marginal, project_prompts
+from helpers.engine import (assert_same_distribution, exact_second_token_marginal, exact_token_marginal, project_prompts,
+                            stop_with_tokens)
 from helpers.family import markov_reference, shipped_family_drafter
 
 pytest.importorskip("torch")
@@ -209,8 +210,10 @@ def test_sampling_distribution_equals_plain_on_smollm2(target, drafters, kind, t
     counts = np.zeros_like(expected)
     n_accepted = 0
     for seed in range(800):
-        # 5 tokens: the loop drafts at most max_tokens - len(tokens) - 1, so 2 would leave a plain step
-        res = spec.generate(prompt, 5, SamplingParams(1.0, 8, seed=seed), stop_tokens=_never_stop)
+        # 5 tokens: the loop drafts at most max_tokens - len(tokens) - 1, so 2 would leave a plain step; the
+        # first step (3 drafts) emits tokens[1], and the generation stops there
+        res = spec.generate(prompt, 5, SamplingParams(1.0, 8, seed=seed), stop_tokens=_never_stop,
+                            on_tokens=stop_with_tokens(2))
         assert res.n_drafted > 0
         n_accepted += res.n_accepted
         counts[res.tokens[1]] += 1
@@ -237,7 +240,7 @@ def test_third_token_distribution_in_rejection_mode_on_smollm2(target, drafters,
     # of 22,400 seeds (DSpark) and 8,000 (DFlash2), uniform.
     for seed in range(10_000, 10_800):
         steps: list[list[int]] = []
-        res = spec.generate(prompt, 5, SamplingParams(1.0, 8, seed=seed), on_tokens=steps.append,
+        res = spec.generate(prompt, 5, SamplingParams(1.0, 8, seed=seed), on_tokens=stop_with_tokens(3, steps),
                             stop_tokens=_never_stop)
         from_second_slot += len(steps[1]) >= 2          # steps[0] is the prefill's token, steps[1] the first block
         counts[res.tokens[2]] += 1

@@ -24,7 +24,7 @@ from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.target import Target
 from dflash_gguf.native.wrappers import Batch, Context, ContextSettings, Model
 from helpers.engine import (OracleDrafter, exact_second_token_marginal, pooled_counts, write_random_drafter,
-                            write_tiny_llama)
+                            stop_with_tokens, write_tiny_llama)
 from helpers.gpu import ALL_LAYERS, SETTINGS
 
 pytestmark = pytest.mark.gpu
@@ -144,9 +144,8 @@ def test_rejection_sampling_distribution_on_device(tmp_path):
         spec = SpecDecoder(target, oracle, DraftLengthPolicy(3, adaptive=False), t_mode="rejection")
         # emissions: the prefill's token, then the first verify step's (3 drafted slots), which draws tokens[1];
         # stop there: later steps cannot change it
-        steps: list[list[int]] = []
         res = spec.generate(prompt, 5, SamplingParams(1.0, 12, seed=seed), stop_tokens=lambda t: False,
-                            on_tokens=lambda chunk: steps.append(chunk) or len(steps) < 2)
+                            on_tokens=stop_with_tokens(2))
         assert res.n_drafted > 0
         counts[res.tokens[1]] += 1
     assert _chi_square_pvalue(counts, expected) > 0.01

@@ -245,6 +245,22 @@ def exact_second_token_marginal(target, prompt: list[int], sampling) -> np.ndarr
     return exact_token_marginal(target, prompt, sampling, 1)
 
 
+def stop_with_tokens(n: int, steps: list[list[int]] | None = None):
+    """An `on_tokens` callback that ends a generation once it holds n tokens (and appends each emission to
+    `steps`: the prefill's token, then each step's). A distribution test reads token n - 1 only, and the steps
+    after the one that emits it cannot change it (same seed, same draws up to there), so stopping there gives the
+    same tokens in a fraction of the decodes."""
+    seen = 0
+
+    def on_tokens(chunk: list[int]) -> bool:
+        nonlocal seen
+        seen += len(chunk)
+        if steps is not None:
+            steps.append(chunk)
+        return seen < n
+    return on_tokens
+
+
 def assert_same_distribution(counts: np.ndarray, expected: np.ndarray) -> None:
     """Chi-square: sampled `counts` follow the exact distribution `expected` (p > 0.01), and the check has
     power: a distribution half-way to a shifted one is rejected (p < 0.01). Rare outcomes are pooled."""
