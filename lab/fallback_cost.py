@@ -14,6 +14,8 @@ Three arms on the same prompts, in one process, interleaved prompt by prompt and
   override: hybrid with the lookup continuation put into the drafter's block where the policy picks the drafter.
 - always1, always2: the drafter with a fixed policy that drafts 1 (2) tokens every step (what the adaptive policy
   should at least match where slot 1 pays).
+- trim: the dflash arm's adaptive policy with `--draft-trim` (blocks trimmed by the drafter's calibrated top
+  probabilities; its own policy and calibration, the drafter rating its slots only in this arm).
 
 Per arm: decode time per token (prefill excluded), median over prompts × rounds, and the per-pair ratio to
 plain (median and spread). With `--threads 1 --cpu-clock` the loop's clock is this thread's CPU time (ggml
@@ -72,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from dflash_gguf.bench.prompts import prepare, read_rows
     from dflash_gguf.engine import loop
-    from dflash_gguf.engine.policy import DraftLengthPolicy
+    from dflash_gguf.engine.confidence import ConfidenceCalibration
+    from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy
     from dflash_gguf.engine.session import Engine
     from dflash_gguf.native.cpu_kernels import CpuKernels
     from dflash_gguf.native.lib import load
@@ -90,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     prompts = prepare(read_rows(files, a.per_category), engine)
     arms = a.arms.split(",")
     policies = {"fallback": _policy(engine, probes=False), "probing": _policy(engine, probes=True),
-                "always1": DraftLengthPolicy(1, adaptive=False), "always2": DraftLengthPolicy(2, adaptive=False)}
+                "always1": DraftLengthPolicy(1, adaptive=False), "always2": DraftLengthPolicy(2, adaptive=False),
+                "trim": DraftLengthPolicy(engine.draft_max, adaptive=True,
+                                          cost=CostCurve.from_json(engine.cost.to_json()))}
+    policies["trim"].calibration = ConfidenceCalibration()
     spec = engine.decoder("dflash")                   # the fallback arms swap the policy of a decoder of their own
     engine.spec = loop.SpecDecoder(engine.target, engine.drafter, spec.policy, t_mode=spec.t_mode)
     hybrid = engine.decoder("hybrid")
@@ -108,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         if arm == "override":
             return override.generate(tokens, n)
         engine.spec.policy = policies[arm]
-        return engine.generate(tokens, n)
+        engine.drafter.rates_slots = arm == "trim"
+        try:
+            return engine.generate(tokens, n)
+        finally:
+            engine.drafter.rates_slots = False
 
     for arm in arms:                                  # warm-up: graphs, buffers
         run(arm, prompts[0].tokens, 16)
