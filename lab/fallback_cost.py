@@ -16,6 +16,7 @@ Three arms on the same prompts, in one process, interleaved prompt by prompt and
   should at least match where slot 1 pays).
 - trim: the dflash arm's adaptive policy with `--draft-trim` (blocks trimmed by the drafter's calibrated top
   probabilities; its own policy and calibration, the drafter rating its slots only in this arm).
+- optimistic: the dflash arm with lab/policy_variants.py's OptimisticPolicy (α1 at mean + 1.5 sd, not drawn).
 
 Per arm: decode time per token (prefill excluded), median over prompts × rounds, and the per-pair ratio to
 plain (median and spread). With `--threads 1 --cpu-clock` the loop's clock is this thread's CPU time (ggml
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from dflash_gguf.native.cpu_kernels import CpuKernels
     from dflash_gguf.native.lib import load
     from dflash_gguf.settings import EngineSettings
+    from lab.policy_variants import OptimisticPolicy
 
     if a.cpu_clock:
         loop.time = types.SimpleNamespace(perf_counter=time.thread_time)
@@ -95,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     policies = {"fallback": _policy(engine, probes=False), "probing": _policy(engine, probes=True),
                 "always1": DraftLengthPolicy(1, adaptive=False), "always2": DraftLengthPolicy(2, adaptive=False),
                 "trim": DraftLengthPolicy(engine.draft_max, adaptive=True,
-                                          cost=CostCurve.from_json(engine.cost.to_json()))}
+                                          cost=CostCurve.from_json(engine.cost.to_json())),
+                "optimistic": OptimisticPolicy(engine.draft_max, adaptive=True,
+                                               cost=CostCurve.from_json(engine.cost.to_json()))}
     policies["trim"].calibration = ConfidenceCalibration()
     spec = engine.decoder("dflash")                   # the fallback arms swap the policy of a decoder of their own
     engine.spec = loop.SpecDecoder(engine.target, engine.drafter, spec.policy, t_mode=spec.t_mode)

@@ -110,16 +110,20 @@ def collect(args) -> None:
 
 def _policy(kind: str):
     from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy
+    from policy_variants import OptimisticPolicy
     calibrated = COST["calibrated"]
     curve = CostCurve({b: v * T1 for b, v in calibrated["t"].items()}, 0.2 * T1, short_blocks=True,
                       t_draft_n={n: v * T1 for n, v in calibrated["draft"].items()},
                       t_cold={b: v * T1 for b, v in calibrated["cold"].items()})
     before = dict(explore=False, recheck=32, carry_weight=4)       # the mean, weighed every 32 plain steps
+    if kind.startswith("optimistic"):                               # "optimistic1.5": z = 1.5
+        return OptimisticPolicy(N_MAX, 1, cost=curve, z=float(kind[len("optimistic"):] or 1.5))
     return DraftLengthPolicy(N_MAX, 1, cost=curve, **(before if kind == "before" else {}))
 
 
 def walk(traces: list[dict], kind: str, seed: int, noise: float = 0.08) -> dict[str, float]:
-    """Tokens per t(1) over plain decoding per category; kind: "before", "now" or a fixed draft length."""
+    """Tokens per t(1) over plain decoding per category; kind: "before", "now", "optimistic<z>"
+    (lab/policy_variants.py) or a fixed draft length."""
     rng = np.random.default_rng(seed)
     policy = None if kind.isdigit() else _policy(kind)
     totals: dict[str, list[float]] = {}
@@ -173,7 +177,7 @@ def replay(args) -> None:
         data = traces if keep >= 1 else keep_accepted(traces, keep)
         share = np.mean(np.concatenate([t["acc"][:-1, 1] > 0 for t in data]))
         print(f"accepted slots kept {keep}: slot-1 acceptance {share:.3f}")
-        for kind in ("1", "2", "3", "before", "now"):
+        for kind in ("1", "2", "3", "before", "now", *args.variants):
             runs = [walk(data, kind, seed, args.noise) for seed in range(args.seeds)]
             mean = {c: round(float(np.mean([r[c] for r in runs])), 3) for c in runs[0]}
             print(f"  {kind if not kind.isdigit() else 'always ' + kind:>8}: {mean}")
@@ -197,6 +201,8 @@ def main() -> None:
     r.add_argument("--seeds", type=int, default=4)
     r.add_argument("--costs", choices=sorted(COSTS), default="zen3", help="the cost model (see COSTS)")
     r.add_argument("--noise", type=float, default=0.08, help="log-normal spread of each timing")
+    r.add_argument("--variants", nargs="*", default=[],
+                   help="more policies to replay: optimistic<z> (lab/policy_variants.py), e.g. optimistic1.5")
     args = ap.parse_args()
     collect(args) if args.cmd == "collect" else replay(args)
 
