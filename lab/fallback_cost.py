@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """What a fallback step costs over a plain step: the speculative loop forced to decode plainly vs plain decoding.
 
-Three arms on the same prompts, in one process, interleaved prompt by prompt and shuffled within each round
-(drift on a shared machine hits every arm alike):
+The arms `--arms` names, on the same prompts, in one process, interleaved prompt by prompt and shuffled within
+each round (drift on a shared machine hits every arm alike):
 
 - plain:    `Engine.generate(speculative=False)`: the target alone, no taps.
 - fallback: the speculative loop with a policy that never drafts: every step is a fallback step (taps,
