@@ -42,12 +42,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 PROMPTS = Path(__file__).resolve().parent.parent.parent / "shared" / "prompts"
 
 
+def _own_curve(engine):
+    """A copy of the engine's cost curve: an arm's timings then move its own prices only."""
+    from dflash_gguf.engine.policy import CostCurve
+    return CostCurve.from_json(engine.cost.to_json())
+
+
 def _policy(engine, probes: bool):
     """The engine's policy on a text where speculation never pays (an infinite margin): plain steps, and with
     `probes` its probes (a 1-token draft after 16, 32, … 256 plain steps)."""
-    from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy
-    cost = CostCurve.from_json(engine.cost.to_json())
-    return DraftLengthPolicy(engine.draft_max, adaptive=True, cost=cost, margin=float("inf"),
+    from dflash_gguf.engine.policy import DraftLengthPolicy
+    return DraftLengthPolicy(engine.draft_max, adaptive=True, cost=_own_curve(engine), margin=float("inf"),
                              probe_every=16 if probes else 1 << 30)
 
 
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from dflash_gguf.bench.prompts import prepare, read_rows
     from dflash_gguf.engine import loop
     from dflash_gguf.engine.confidence import ConfidenceCalibration
-    from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy
+    from dflash_gguf.engine.policy import DraftLengthPolicy
     from dflash_gguf.engine.session import Engine
     from dflash_gguf.native.cpu_kernels import CpuKernels
     from dflash_gguf.native.lib import load
@@ -96,10 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     arms = a.arms.split(",")
     policies = {"fallback": _policy(engine, probes=False), "probing": _policy(engine, probes=True),
                 "always1": DraftLengthPolicy(1, adaptive=False), "always2": DraftLengthPolicy(2, adaptive=False),
-                "trim": DraftLengthPolicy(engine.draft_max, adaptive=True,
-                                          cost=CostCurve.from_json(engine.cost.to_json())),
-                "optimistic": OptimisticPolicy(engine.draft_max, adaptive=True,
-                                               cost=CostCurve.from_json(engine.cost.to_json()))}
+                "trim": DraftLengthPolicy(engine.draft_max, adaptive=True, cost=_own_curve(engine)),
+                "optimistic": OptimisticPolicy(engine.draft_max, adaptive=True, cost=_own_curve(engine))}
     policies["trim"].calibration = ConfidenceCalibration()
     spec = engine.decoder("dflash")                   # the fallback arms swap the policy of a decoder of their own
     engine.spec = loop.SpecDecoder(engine.target, engine.drafter, spec.policy, t_mode=spec.t_mode)

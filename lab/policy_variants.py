@@ -25,8 +25,7 @@ class OptimisticSlots(SlotAcceptance):
         self.idle = 0
 
     def carried(self, weight: float | None = None) -> "OptimisticSlots":
-        fresh = OptimisticSlots(self.n_slots, self.alpha(), self.prior_weight if weight is None else weight,
-                                self.decay)
+        fresh = super().carried(weight)
         fresh.z = self.z
         return fresh
 

@@ -333,7 +333,7 @@ class SlotAcceptance:
 
     def carried(self, weight: float | None = None) -> "SlotAcceptance":
         """A fresh estimate with this one's α as its prior, at `weight` (default: the prior's weight)."""
-        return SlotAcceptance(self.n_slots, self.alpha(), self.prior_weight if weight is None else weight,
+        return type(self)(self.n_slots, self.alpha(), self.prior_weight if weight is None else weight,
                               self.decay)
 
     def draw_first(self, rng: np.random.Generator) -> float:
