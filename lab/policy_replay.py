@@ -91,19 +91,24 @@ def collect(args) -> None:
         drafter.begin()
         target.prefill(prompt, drafter.process)
         acc = np.zeros((len(answer), N_MAX + 1), np.int8)
+        full = np.zeros(len(answer), np.int8)       # leading slots of the whole trained block that match
         for j in range(len(answer) - 1):
             pos = target.n_past
-            for n in range(1, N_MAX + 1):
-                drafts = drafter.draft(answer[j], pos, n, want_logits=False).tokens
+            for n in range(1, N_MAX + 2):
+                drafter.short_blocks = n <= N_MAX        # n = N_MAX + 1: every slot of the trained block
+                drafts = drafter.draft(answer[j], pos, min(n, drafter.block_size - 1), want_logits=False).tokens
                 k = 0
-                while k < n and j + 1 + k < len(answer) and drafts[k] == answer[j + 1 + k]:
+                while k < len(drafts) and j + 1 + k < len(answer) and drafts[k] == answer[j + 1 + k]:
                     k += 1
-                acc[j, n] = k
+                if n <= N_MAX:
+                    acc[j, n] = k
+                else:
+                    full[j] = k
             target.decode_rows([answer[j]])
             features = target.features(0, 1)
             target.keep(1, 1)
             drafter.process(features, pos)
-        out.append(dict(cat=row["cat"], n=len(answer), acc=acc))
+        out.append(dict(cat=row["cat"], n=len(answer), acc=acc, full=full))
         print(row["cat"], len(answer), f"slot-1 acceptance {(acc[:-1, 1] > 0).mean():.3f}", flush=True)
     Path(args.out).write_bytes(pickle.dumps(out))
 
@@ -154,6 +159,49 @@ def walk(traces: list[dict], kind: str, seed: int, noise: float = 0.08) -> dict[
     return out
 
 
+def warm_verify_cost(b: int) -> float:
+    t = COST["calibrated"]["t"]
+    return t.get(b, t[max(k for k in t if k <= b)])
+
+
+def walk_tail(traces: list[dict], n_draft: int, n_tail: int, seed: int, noise: float = 0.08) -> dict[str, float]:
+    """Tokens per t(1) over plain decoding when every step drafts `n_draft` tokens from the whole trained block and,
+    where the target emitted the block's own argmax for each slot so far, verifies up to `n_tail` of the block's
+    later slots instead (no draft call, the target's weights still in the caches). n_tail 0: no tail steps."""
+    rng = np.random.default_rng(seed)
+    totals: dict[str, list[float]] = {}
+    full_cost = draft_cost(N_MAX)
+    for tr in traces:
+        full, n_tok = tr["full"], tr["n"]
+        j, seconds, offered, valid = 0, 0.0, 0, 0
+        while j < n_tok - 1:
+            left = n_tok - 2 - j
+            if offered and n_tail:
+                m = min(n_tail, offered, left)
+                if m <= 0:
+                    offered = 0
+                    continue
+                a = min(m, valid)
+                seconds += T1 * warm_verify_cost(m + 1) * np.exp(rng.normal(0, noise))
+                offered, valid = (offered - m - 1, valid - m - 1) if valid > m else (0, 0)
+                j += a + 1
+                continue
+            n = min(n_draft, left)
+            if n <= 0:
+                seconds, j = seconds + T1 * np.exp(rng.normal(0, noise)), j + 1
+                continue
+            a = min(n, int(full[j]))
+            seconds += T1 * (verify_cost(n + 1) + full_cost) * np.exp(rng.normal(0, noise))
+            offered, valid = (N_MAX - n - 1, int(full[j]) - n - 1) if full[j] > n else (0, 0)
+            j += a + 1
+        t = totals.setdefault(tr["cat"], [0.0, 0.0])
+        t[0] += (n_tok - 1) * T1
+        t[1] += seconds
+    out = {c: t[0] / t[1] for c, t in totals.items()}
+    out["all"] = sum(t[0] for t in totals.values()) / sum(t[1] for t in totals.values())
+    return out
+
+
 def keep_accepted(traces: list[dict], keep: float, seed: int = 0) -> list[dict]:
     """Each accepted slot survives with probability `keep`; acceptance stops at the first lost one."""
     rng = np.random.default_rng(seed)
@@ -181,6 +229,11 @@ def replay(args) -> None:
             runs = [walk(data, kind, seed, args.noise) for seed in range(args.seeds)]
             mean = {c: round(float(np.mean([r[c] for r in runs])), 3) for c in runs[0]}
             print(f"  {kind if not kind.isdigit() else 'always ' + kind:>8}: {mean}")
+        if "full" in data[0] and keep >= 1:
+            for n_draft, n_tail in args.tail:
+                runs = [walk_tail(data, n_draft, n_tail, seed, args.noise) for seed in range(args.seeds)]
+                mean = {c: round(float(np.mean([r[c] for r in runs])), 3) for c in runs[0]}
+                print(f"  full block, {n_draft} drafts, tail {n_tail}: {mean}")
 
 
 def main() -> None:
@@ -203,6 +256,8 @@ def main() -> None:
     r.add_argument("--noise", type=float, default=0.08, help="log-normal spread of each timing")
     r.add_argument("--variants", nargs="*", default=[],
                    help="more policies to replay: optimistic<z> (lab/policy_variants.py), e.g. optimistic1.5")
+    r.add_argument("--tail", type=lambda v: tuple(int(x) for x in v.split(",")), nargs="*", default=[],
+                   help="n_draft,n_tail pairs: whole-block drafts with tail steps (walk_tail), e.g. 1,0 1,1 1,2")
     args = ap.parse_args()
     collect(args) if args.cmd == "collect" else replay(args)
 

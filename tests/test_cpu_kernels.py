@@ -1,15 +1,15 @@
 """Our CPU kernels (ggml-kernels/cpu, wired in by patches/0003) against references, through ggml itself.
 
 Every product runs as a ggml MUL_MAT in `ggml_graph_compute`, i.e. through the dispatch a model's
-decode uses. Random Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS, F16 and F32 weights (quantized by ggml) times
-random activations of B = 1..16 columns and one wide batch, for shapes whose rows are not a multiple of the
-tiles and K from 32 to 1536, on every instruction-set variant this CPU runs (an AVX-512 machine runs the AVX2
-variant too):
+decode uses. Random Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, F16, BF16 and F32 weights
+(quantized by ggml) times random activations of B = 1..16 columns and one wide batch, for shapes whose rows are not a
+multiple of the tiles and K from 32 to 1536, on every instruction-set variant this CPU runs (an AVX-512 machine runs
+the AVX2 variant too):
 - against float64 products of the dequantized weights: normalized MSE within test-backend-ops' 5e-4
   (what remains is the 8-bit rounding of the activations, ~3e-5);
 - against ggml's stock path (`use_ref`: vec_dot / tinyBLAS): the same integer arithmetic for the
-  quantized types (only the float summation order differs, ~1e-13); F16 activations rounded to F16
-  by ggml, not by us (~1e-7); a wrong row, column or block would not be that close;
+  quantized types (only the float summation order differs, ~1e-13); F16 / BF16 activations rounded to F16 /
+  BF16 by ggml, not by us (~1e-7 / ~1e-6); a wrong row, column or block would not be that close;
 - batch invariance, bit for bit: column j of a B-column product equals the product of that column
   alone, for every B; and every variant gives the same bits (integer sums are exact, the float steps
   are the same __m256 operations on both), the bits recorded on an AVX-512 machine included, so an AVX2-only
@@ -33,11 +33,12 @@ from lab.matmul_probe import MatmulProbe
 
 BATCHES = list(range(1, 17)) + [40]     # 40: wider than one pass on AVX2 and on AVX-512
 NMSE_VS_F32 = 5e-4                      # test-backend-ops' MUL_MAT tolerance
-QUANTIZED = ["q4_0", "q4_1", "q5_0", "q8_0", "iq4_nl", "q4_k", "q5_k", "q6_k", "iq4_xs"]
-TYPES = QUANTIZED + ["f16", "f32"]
-NMSE_VS_STOCK = {t: 1e-9 for t in QUANTIZED} | {"f16": 1e-5, "f32": 1e-9}
-K_TILED = {"q4_k", "q5_k", "q6_k", "iq4_xs"}       # the AVX-512 variant may step their tiles two at a time
-BLOCK = {"q4_k": 256, "q5_k": 256, "q6_k": 256, "iq4_xs": 256, "f16": 1, "f32": 1}      # weights per block (32 for the rest)
+QUANTIZED = ["q4_0", "q4_1", "q5_0", "q8_0", "iq4_nl", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"]
+TYPES = QUANTIZED + ["f16", "bf16", "f32"]
+NMSE_VS_STOCK = {t: 1e-9 for t in QUANTIZED} | {"f16": 1e-5, "bf16": 1e-4, "f32": 1e-9}
+K_TILED = {"q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"}       # the AVX-512 variant may step their tiles two at a time
+# weights per block (32 for the rest)
+BLOCK = {"q3_k": 256, "q4_k": 256, "q5_k": 256, "q6_k": 256, "iq4_xs": 256, "f16": 1, "bf16": 1, "f32": 1}
 # (n_rows, k, threads): rows not a multiple of the 8-row tiles, one and several blocks per row
 # (40, 256, 1): one thread's chunk of whole tiles, so the AVX-512 variant steps K-quant tiles in pairs (two threads
 # claim chunks of one tile each in these small products)
@@ -189,9 +190,9 @@ def test_isa_none_is_ggmls_own_path(native, kernels, weight_type):
     probe.close()
 
 
-# Types our kernels do not cover: ggml's own paths, kept width-independent by patches/0010 (tinyBLAS for Q5_1,
-# BF16; the tiled K-quant matmul for Q2_K / Q3_K; the repacked 4-column gemm for Q2_K)
-UNCOVERED = ["q5_1", "q2_k", "q3_k", "bf16"]
+# Types our kernels do not cover: ggml's own paths, kept width-independent by patches/0010 (tinyBLAS for Q5_1;
+# the tiled K-quant matmul and the repacked 4-column gemm for Q2_K)
+UNCOVERED = ["q5_1", "q2_k"]
 
 
 @pytest.mark.parametrize("weight_type", UNCOVERED)

@@ -126,8 +126,10 @@ extern "C" bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols) {
         case GGML_TYPE_Q4_K:
         case GGML_TYPE_Q5_K:
         case GGML_TYPE_Q6_K:
+        case GGML_TYPE_Q3_K:
         case GGML_TYPE_IQ4_XS:
         case GGML_TYPE_F16:
+        case GGML_TYPE_BF16:
         case GGML_TYPE_F32:
             return true;
         default:
@@ -170,6 +172,7 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_K, gemm_q4_k)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_K, gemm_q5_k)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q6_K, gemm_q6_k)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q3_K, gemm_q3_k)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ4_XS, gemm_iq4_xs)
         default:
             return false;
@@ -319,6 +322,10 @@ extern "C" bool dflash_cpu_quantize_row_q8_K(const float * x, void * y, int64_t 
     (void) x; (void) y; (void) k;
     return false;
 #endif
+}
+
+extern "C" bool dflash_cpu_float_weights(enum ggml_type type) {
+    return type == GGML_TYPE_F16 || type == GGML_TYPE_BF16 || type == GGML_TYPE_F32;
 }
 
 extern "C" bool dflash_cpu_gemm_f32_act(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t k,

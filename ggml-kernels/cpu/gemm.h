@@ -4,9 +4,9 @@
 // summation order that does not depend on how many columns the product has, and the dispatch sends
 // every width of a covered type (one column too) to the same kernel family. So the logits of a row of
 // a verify batch equal, bit for bit, those of the same token decoded alone (tests/test_cpu_kernels.py,
-// tests/test_exactness.py). Covered: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K (quantized activations,
-// tile_gemm.h), F16, F32 (float_gemm.cpp). Other types take ggml's width-independent paths
-// (dflash_cpu_batch_invariant).
+// tests/test_exactness.py). Covered: Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS
+// (quantized activations, tile_gemm.h), F16, BF16, F32 (float_gemm.cpp). Other types take ggml's
+// width-independent paths (dflash_cpu_batch_invariant).
 //
 // Speed: ggml-cpu multiplies Q4_1 weights by a separate vec_dot per (row, column) pair, decoding each
 // weight block again for every column, and its tinyBLAS path for Q8_0 costs 3-4x a single row already
@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 // Whether our kernels take a product of weights of `type` with n_cols activation columns on this CPU
-// (the rule and its measurements: gemm.cpp). F16 and F32 weights go to dflash_cpu_gemm_f32_act, the
+// (the rule and its measurements: gemm.cpp). F16, BF16 and F32 weights go to dflash_cpu_gemm_f32_act, the
 // quantized types to dflash_cpu_gemm.
 bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols);
 
@@ -70,7 +70,10 @@ bool dflash_cpu_gemm_interleaved(enum ggml_type type, int64_t n_rows, int64_t n_
                                  float * C, int64_t ldc, int ith, int nth, dflash_cpu_next_chunk next_chunk,
                                  void * pool);
 
-// The same for F16 / F32 weights of k values per row and F32 activations read in place (B: n_cols
+// Whether weights of `type` are floats our kernels multiply by F32 activations read in place: F16, BF16, F32
+bool dflash_cpu_float_weights(enum ggml_type type);
+
+// The same for F16 / BF16 / F32 weights of k values per row and F32 activations read in place (B: n_cols
 // rows of k floats, row stride b_row_bytes).
 bool dflash_cpu_gemm_f32_act(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t k,
                              const void * A, size_t a_row_bytes, const float * B, size_t b_row_bytes,
