@@ -126,6 +126,20 @@ def _policy(kind: str):
     return DraftLengthPolicy(N_MAX, 1, cost=curve, **(before if kind == "before" else {}))
 
 
+def _tally(totals: dict[str, list[float]], cat: str, n_tok: int, seconds: float) -> None:
+    """Add one answer: plain decoding's time for its tokens, and the time the walk took."""
+    t = totals.setdefault(cat, [0.0, 0.0])
+    t[0] += (n_tok - 1) * T1
+    t[1] += seconds
+
+
+def _speedups(totals: dict[str, list[float]]) -> dict[str, float]:
+    """Tokens per t(1) over plain decoding per category and over all answers."""
+    out = {c: t[0] / t[1] for c, t in totals.items()}
+    out["all"] = sum(t[0] for t in totals.values()) / sum(t[1] for t in totals.values())
+    return out
+
+
 def walk(traces: list[dict], kind: str, seed: int, noise: float = 0.08) -> dict[str, float]:
     """Tokens per t(1) over plain decoding per category; kind: "before", "now", "optimistic<z>"
     (lab/policy_variants.py) or a fixed draft length."""
@@ -151,12 +165,8 @@ def walk(traces: list[dict], kind: str, seed: int, noise: float = 0.08) -> dict[
             seconds, j = seconds + v + d, j + a + 1
             if policy is not None:
                 policy.observe(n, a, verify_s=v, draft_s=d)
-        t = totals.setdefault(tr["cat"], [0.0, 0.0])
-        t[0] += (n_tok - 1) * T1
-        t[1] += seconds
-    out = {c: t[0] / t[1] for c, t in totals.items()}
-    out["all"] = sum(t[0] for t in totals.values()) / sum(t[1] for t in totals.values())
-    return out
+        _tally(totals, tr["cat"], n_tok, seconds)
+    return _speedups(totals)
 
 
 def warm_verify_cost(b: int) -> float:
@@ -194,12 +204,8 @@ def walk_tail(traces: list[dict], n_draft: int, n_tail: int, seed: int, noise: f
             seconds += T1 * (verify_cost(n + 1) + full_cost) * np.exp(rng.normal(0, noise))
             offered, valid = (N_MAX - n - 1, int(full[j]) - n - 1) if full[j] > n else (0, 0)
             j += a + 1
-        t = totals.setdefault(tr["cat"], [0.0, 0.0])
-        t[0] += (n_tok - 1) * T1
-        t[1] += seconds
-    out = {c: t[0] / t[1] for c, t in totals.items()}
-    out["all"] = sum(t[0] for t in totals.values()) / sum(t[1] for t in totals.values())
-    return out
+        _tally(totals, tr["cat"], n_tok, seconds)
+    return _speedups(totals)
 
 
 def keep_accepted(traces: list[dict], keep: float, seed: int = 0) -> list[dict]:

@@ -250,6 +250,20 @@ DFLASH_INLINE typename V::I fifth_bit(typename V::I h, int g) {
     return V::and_(moved, V::set1_8(0x10));
 }
 
+// The float steps of the formats without a min term (Q6_K, Q3_K, IQ4_XS): acc += isum * (d * d_a), d the fp16
+// that Block keeps as `d`
+template <typename Block>
+struct FinishWithoutMin {
+    static DFLASH_INLINE float finish_row(const Block & x, int32_t isum, int32_t, const KScale & c, float acc) {
+        return finish_k_row<false>(isum, 0, x.d, x.d, c, acc);
+    }
+    template <class V = V8>
+    static DFLASH_INLINE typename V::F finish(typename V::I isum, typename V::I msum, const KRowScalesT<V> & rs,
+                                              const KScale & c, typename V::F acc) {
+        return finish_k<false, V>(isum, msum, rs, c, acc);
+    }
+};
+
 // What the K-quant formats share: Q8_K activations, the transposed tile, the row-major path up to ROWS columns
 template <typename WeightBlock, template <class> class PackedBlocks, int64_t ROWS>
 struct KTraits {
@@ -501,15 +515,7 @@ constexpr int64_t Q6_K_ROWWISE_MAX = 3;
 #else
 constexpr int64_t Q6_K_ROWWISE_MAX = 4;
 #endif
-struct Q6_K : KTraits<block_q6_K, K6PackedT, Q6_K_ROWWISE_MAX> {
-    static DFLASH_INLINE float finish_row(const block_q6_K & x, int32_t isum, int32_t, const KScale & c, float acc) {
-        return finish_k_row<false>(isum, 0, x.d, x.d, c, acc);
-    }
-    template <class V = V8>
-    static DFLASH_INLINE typename V::F finish(typename V::I isum, typename V::I msum, const KRowScalesT<V> & rs,
-                                              const KScale & c, typename V::F acc) {
-        return finish_k<false, V>(isum, msum, rs, c, acc);
-    }
+struct Q6_K : KTraits<block_q6_K, K6PackedT, Q6_K_ROWWISE_MAX>, FinishWithoutMin<block_q6_K> {
 
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K6Packed & out) {
         using V = V8;
@@ -609,12 +615,7 @@ DFLASH_INLINE typename V::I q3_group(typename V::I qs, typename V::I hm, int n, 
 
 // Every width takes the transposed tile: ggml's layout read row by row took 1.7x its time at one column (2048 x
 // 2048 weights, one thread, AVX-512: 0.41 against 0.24 ms; ggml's own vec_dot 0.20)
-struct Q3_K : KTraits<block_q3_K, K6PackedT, 0> {
-    template <class V = V8>
-    static DFLASH_INLINE typename V::F finish(typename V::I isum, typename V::I msum, const KRowScalesT<V> & rs,
-                                              const KScale & c, typename V::F acc) {
-        return finish_k<false, V>(isum, msum, rs, c, acc);
-    }
+struct Q3_K : KTraits<block_q3_K, K6PackedT, 0>, FinishWithoutMin<block_q3_K> {
 
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K6Packed & out) {
         using V = V8;
@@ -685,18 +686,10 @@ constexpr int64_t IQ4_XS_ROWWISE_MAX = 1;
 constexpr int64_t IQ4_XS_ROWWISE_MAX = INT64_MAX;
 #endif
 
-struct IQ4_XS : KTraits<block_iq4_xs, K4PackedT, IQ4_XS_ROWWISE_MAX> {
+struct IQ4_XS : KTraits<block_iq4_xs, K4PackedT, IQ4_XS_ROWWISE_MAX>, FinishWithoutMin<block_iq4_xs> {
 #if !DFLASH_CPU_GEMM_VNNI
     static constexpr bool TILED = false;
 #endif
-    static DFLASH_INLINE float finish_row(const block_iq4_xs & x, int32_t isum, int32_t, const KScale & c, float acc) {
-        return finish_k_row<false>(isum, 0, x.d, x.d, c, acc);
-    }
-    template <class V = V8>
-    static DFLASH_INLINE typename V::F finish(typename V::I isum, typename V::I msum, const KRowScalesT<V> & rs,
-                                              const KScale & c, typename V::F acc) {
-        return finish_k<false, V>(isum, msum, rs, c, acc);
-    }
 
 #if DFLASH_CPU_GEMM_VNNI
     // lanes = rows: q[g][k] the group's values 4k..4k+3 plus 128, sc[g] = ls_g - 32, m_pair the scales of groups
