@@ -41,6 +41,12 @@ COSTS = {
                  calibrated=dict(t={1: 1, 2: 1.321, 3: 1.659, 4: 2.035, 6: 2.71, 8: 3.324, 12: 4.889, 16: 6.35},
                                  cold={2: 1.314, 3: 1.631, 4: 1.977, 5: 2.415, 7: 3.08, 8: 3.316},
                                  draft={1: 0.110, 2: 0.145, 3: 0.175, 4: 0.207, 6: 0.268, 7: 0.307})),
+    # the same files on the Emerald Rapids guest (2026-12-05, bench runs 91-93: t(1) 3.9-5.5 ms, the file in L3): its
+    # calibration; cold verifies taken as the warm ones (not timed apart), a draft call 0.18 t(1) whatever its rows
+    "emr": dict(verify_cold={1: 1.0, 2: 1.20, 3: 1.28, 4: 1.40}, verify_step=0.17, draft=(0.18, 0.0),
+                calibrated=dict(t={1: 1, 2: 1.20, 3: 1.28, 4: 1.40, 6: 1.74, 8: 2.10, 12: 3.04, 16: 3.71},
+                                cold={2: 1.20, 3: 1.28, 4: 1.40, 5: 1.57, 7: 1.92, 8: 2.10},
+                                draft={1: 0.18, 2: 0.18, 3: 0.18, 4: 0.18, 6: 0.18, 7: 0.18})),
 }
 COST = COSTS["zen3"]
 T1 = 0.008
@@ -123,6 +129,8 @@ def _policy(kind: str):
     before = dict(explore=False, recheck=32, carry_weight=4)       # the mean, weighed every 32 plain steps
     if kind.startswith("optimistic"):                               # "optimistic1.5": z = 1.5
         return OptimisticPolicy(N_MAX, 1, cost=curve, z=float(kind[len("optimistic"):] or 1.5))
+    if kind.startswith("carry"):                                    # "carry32": the carried α counts 32 observations
+        return DraftLengthPolicy(N_MAX, 1, cost=curve, carry_weight=float(kind[len("carry"):]))
     return DraftLengthPolicy(N_MAX, 1, cost=curve, **(before if kind == "before" else {}))
 
 
@@ -261,7 +269,8 @@ def main() -> None:
     r.add_argument("--costs", choices=sorted(COSTS), default="zen3", help="the cost model (see COSTS)")
     r.add_argument("--noise", type=float, default=0.08, help="log-normal spread of each timing")
     r.add_argument("--variants", nargs="*", default=[],
-                   help="more policies to replay: optimistic<z> (lab/policy_variants.py), e.g. optimistic1.5")
+                   help="more policies to replay: optimistic<z> (lab/policy_variants.py), e.g. optimistic1.5; "
+                        "carry<w>: the engine's policy with the carried α weighing w observations")
     r.add_argument("--tail", type=lambda v: tuple(int(x) for x in v.split(",")), nargs="*", default=[],
                    help="n_draft,n_tail pairs: whole-block drafts with tail steps (walk_tail), e.g. 1,0 1,1 1,2")
     args = ap.parse_args()
