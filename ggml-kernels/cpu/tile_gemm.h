@@ -900,6 +900,12 @@ void tile_range(int64_t tile0, int64_t tile1, int64_t n_rows, int64_t n_cols, in
 // time to ~2 % and, in-process alternation (3 x 40 rounds), t(8) 0.96-0.98x, t(1) 0.97-0.99x; 16 without
 // claiming ahead was slower (each chunk's first tile stalled), 32 no better than 16 (docs/cpu-kernels.md).
 constexpr int64_t CHUNKS_PER_THREAD = 16;
+// ... but at least this many tiles a chunk (while each thread gets one): a claim is an atomic add on a line both cores
+// write, and SmolLM2's 576-row matrices (72 tiles) were claimed two tiles at a time, 32 claims a product. Emerald
+// Rapids guest, 2 threads, SmolLM2 Q4_K_M (2026-12-05): a decode took 0.95x the time (mean of 10 alternating pairs of
+// processes, 8 of them faster; the drafter's block likewise), and `bench` plain read higher in 7 of 8 alternating
+// pairs. The ~2B shapes keep 16 chunks a thread (their products have 256 tiles or more).
+constexpr int64_t MIN_CHUNK_TILES = 4;
 
 // The whole product for one format; Format::column_scale gives each activation block's Format::Scale.
 // interleaved: A's tiles of 8 rows word-interleaved (n_rows a multiple of 8; formats whose unpacking reads them:
@@ -912,7 +918,9 @@ void tile_gemm(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A,
 
     const int64_t n_tiles = (n_rows + TILE_ROWS - 1) / TILE_ROWS;
     const bool claiming = next_chunk != nullptr && nth > 1;
-    const int64_t n_chunks = claiming ? std::min(n_tiles, CHUNKS_PER_THREAD * nth) : nth;
+    const int64_t n_chunks = claiming ? std::max(std::min(n_tiles, (int64_t) nth),
+                                                 std::min(n_tiles / MIN_CHUNK_TILES, CHUNKS_PER_THREAD * nth))
+                                      : nth;
     if (ith >= n_chunks || n_tiles * ith / n_chunks >= n_tiles * (ith + 1) / n_chunks) {
         return;
     }
