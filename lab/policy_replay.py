@@ -177,15 +177,11 @@ def walk(traces: list[dict], kind: str, seed: int, noise: float = 0.08) -> dict[
     return _speedups(totals)
 
 
-def warm_verify_cost(b: int) -> float:
-    t = COST["calibrated"]["t"]
-    return t.get(b, t[max(k for k in t if k <= b)])
-
-
 def walk_tail(traces: list[dict], n_draft: int, n_tail: int, seed: int, noise: float = 0.08) -> dict[str, float]:
     """Tokens per t(1) over plain decoding when every step drafts `n_draft` tokens from the whole trained block and,
     where the target emitted the block's own argmax for each slot so far, verifies up to `n_tail` of the block's
     later slots instead (no draft call, the target's weights still in the caches). n_tail 0: no tail steps."""
+    from dflash_gguf.engine.policy import interp_value
     rng = np.random.default_rng(seed)
     totals: dict[str, list[float]] = {}
     full_cost = draft_cost(N_MAX)
@@ -200,7 +196,8 @@ def walk_tail(traces: list[dict], n_draft: int, n_tail: int, seed: int, noise: f
                     offered = 0
                     continue
                 a = min(m, valid)
-                seconds += T1 * warm_verify_cost(m + 1) * np.exp(rng.normal(0, noise))
+                warm = interp_value(COST["calibrated"]["t"], m + 1, monotone=True)   # no draft call before it
+                seconds += T1 * warm * np.exp(rng.normal(0, noise))
                 offered, valid = (offered - m - 1, valid - m - 1) if valid > m else (0, 0)
                 j += a + 1
                 continue
@@ -231,6 +228,12 @@ def keep_accepted(traces: list[dict], keep: float, seed: int = 0) -> list[dict]:
     return out
 
 
+def _seed_mean(run, seeds: int) -> dict[str, float]:
+    """Each category's speedup averaged over the noise seeds 0..seeds-1 (run(seed): one walk's speedups)."""
+    runs = [run(seed) for seed in range(seeds)]
+    return {c: round(float(np.mean([r[c] for r in runs])), 3) for c in runs[0]}
+
+
 def replay(args) -> None:
     global COST
     COST = COSTS[args.costs]
@@ -240,13 +243,11 @@ def replay(args) -> None:
         share = np.mean(np.concatenate([t["acc"][:-1, 1] > 0 for t in data]))
         print(f"accepted slots kept {keep}: slot-1 acceptance {share:.3f}")
         for kind in ("1", "2", "3", "before", "now", *args.variants):
-            runs = [walk(data, kind, seed, args.noise) for seed in range(args.seeds)]
-            mean = {c: round(float(np.mean([r[c] for r in runs])), 3) for c in runs[0]}
+            mean = _seed_mean(lambda seed: walk(data, kind, seed, args.noise), args.seeds)
             print(f"  {kind if not kind.isdigit() else 'always ' + kind:>8}: {mean}")
         if "full" in data[0] and keep >= 1:
             for n_draft, n_tail in args.tail:
-                runs = [walk_tail(data, n_draft, n_tail, seed, args.noise) for seed in range(args.seeds)]
-                mean = {c: round(float(np.mean([r[c] for r in runs])), 3) for c in runs[0]}
+                mean = _seed_mean(lambda seed: walk_tail(data, n_draft, n_tail, seed, args.noise), args.seeds)
                 print(f"  full block, {n_draft} drafts, tail {n_tail}: {mean}")
 
 

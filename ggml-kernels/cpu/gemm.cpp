@@ -109,6 +109,10 @@ extern "C" bool dflash_cpu_batch_invariant(void) {
     return !g_stock.load(std::memory_order_relaxed);
 }
 
+extern "C" bool dflash_cpu_float_weights(enum ggml_type type) {
+    return type == GGML_TYPE_F16 || type == GGML_TYPE_BF16 || type == GGML_TYPE_F32;
+}
+
 // Every width of a covered type goes to our kernels, one column too: ggml's own paths pick a
 // different summation order per width (vec_dot for one column, tinyBLAS for more), which made verify
 // rows differ from single-token decoding in the last bits. Measured against ggml's own path with
@@ -116,6 +120,9 @@ extern "C" bool dflash_cpu_batch_invariant(void) {
 extern "C" bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols) {
     if (n_cols < 1 || current_isa() == ISA_NONE) {
         return false;
+    }
+    if (dflash_cpu_float_weights(type)) {
+        return true;
     }
     switch (type) {
         case GGML_TYPE_Q4_0:
@@ -128,9 +135,6 @@ extern "C" bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols) {
         case GGML_TYPE_Q6_K:
         case GGML_TYPE_Q3_K:
         case GGML_TYPE_IQ4_XS:
-        case GGML_TYPE_F16:
-        case GGML_TYPE_BF16:
-        case GGML_TYPE_F32:
             return true;
         default:
             return false;
@@ -322,10 +326,6 @@ extern "C" bool dflash_cpu_quantize_row_q8_K(const float * x, void * y, int64_t 
     (void) x; (void) y; (void) k;
     return false;
 #endif
-}
-
-extern "C" bool dflash_cpu_float_weights(enum ggml_type type) {
-    return type == GGML_TYPE_F16 || type == GGML_TYPE_BF16 || type == GGML_TYPE_F32;
 }
 
 extern "C" bool dflash_cpu_gemm_f32_act(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t k,

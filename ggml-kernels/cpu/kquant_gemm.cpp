@@ -243,11 +243,12 @@ DFLASH_INLINE void unpack_low_nibbles(const TileRows<Row> & r, K4PackedT<V> & ou
     }
 }
 
-// bit g of each byte moved to bit 4 (16-bit shifts: bits crossing bytes land outside bit 4)
-template <class V = V8>
-DFLASH_INLINE typename V::I fifth_bit(typename V::I h, int g) {
-    const typename V::I moved = g < 4 ? V::slli16(h, 4 - g) : V::srli16(h, g - 4);
-    return V::and_(moved, V::set1_8(0x10));
+// bit g of each byte moved to bit TO, the others cleared (16-bit shifts: bits crossing bytes land outside bit TO):
+// Q5_K's fifth bits (TO = 4), Q3_K's third (TO = 2)
+template <int TO, class V = V8>
+DFLASH_INLINE typename V::I moved_bit(typename V::I h, int g) {
+    const typename V::I moved = g < TO ? V::slli16(h, TO - g) : V::srli16(h, g - TO);
+    return V::and_(moved, V::set1_8(1 << TO));
 }
 
 // The float steps of the formats without a min term (Q6_K, Q3_K, IQ4_XS): acc += isum * (d * d_a), d the fp16
@@ -362,8 +363,8 @@ struct K4Format : KTraits<WeightBlock, K4PackedT, 1> {
                     hi[k] = V::and_(V::srli16(word, 4), low4);
                     if constexpr (QMAX > 15) {   // Q5_K: bit g of qh[l] is the fifth bit of value l of group g
                         const typename V::I h = r.lanes_u32(offsetof(Block, qh) + 4 * (k0 + k));
-                        lo[k] = V::or_(lo[k], fifth_bit<V>(h, 2 * c));
-                        hi[k] = V::or_(hi[k], fifth_bit<V>(h, 2 * c + 1));
+                        lo[k] = V::or_(lo[k], moved_bit<4, V>(h, 2 * c));
+                        hi[k] = V::or_(hi[k], moved_bit<4, V>(h, 2 * c + 1));
                     }
                 }
                 const int g = 2 * c;
@@ -433,7 +434,7 @@ struct Q5_K : K4Format<Q5_K, block_q5_K, 31> {
         r.transposed(offsetof(block_q5_K, qh), h);
         for (int g = 0; g < GROUPS; ++g) {
             for (int k = 0; k < TILE_ROWS; ++k) {
-                out.q[g][k] = V::or_(out.q[g][k], fifth_bit<V>(h[k], g));
+                out.q[g][k] = V::or_(out.q[g][k], moved_bit<4, V>(h[k], g));
             }
         }
         unpack_scales_mins(r, out);
@@ -441,8 +442,8 @@ struct Q5_K : K4Format<Q5_K, block_q5_K, 31> {
     // the fifth bits of groups g and g + 1 (bits g, g + 1 of qh[l]) into a row's quants
     static DFLASH_INLINE void add_fifth_bits(const block_q5_K & x, int g, __m256i & lo, __m256i & hi) {
         const __m256i h = _mm256_loadu_si256((const __m256i *) x.qh);
-        lo = _mm256_or_si256(lo, fifth_bit(h, g));
-        hi = _mm256_or_si256(hi, fifth_bit(h, g + 1));
+        lo = _mm256_or_si256(lo, moved_bit<4>(h, g));
+        hi = _mm256_or_si256(hi, moved_bit<4>(h, g + 1));
     }
 };
 
@@ -516,7 +517,6 @@ constexpr int64_t Q6_K_ROWWISE_MAX = 3;
 constexpr int64_t Q6_K_ROWWISE_MAX = 4;
 #endif
 struct Q6_K : KTraits<block_q6_K, K6PackedT, Q6_K_ROWWISE_MAX>, FinishWithoutMin<block_q6_K> {
-
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K6Packed & out) {
         using V = V8;
         using I = typename V::I;
@@ -600,17 +600,10 @@ struct Q6_K : KTraits<block_q6_K, K6PackedT, Q6_K_ROWWISE_MAX>, FinishWithoutMin
 // four in nibble v / 16 / 8 of scales[v / 16 % 8], the high two in bits 2 (v / 16 / 4) of scales[8 + v / 16 % 4].
 // The same scheme as Q6_K (halves of 16, the offset term by int16 pairs of scales), with q in 0..7 and offset 4.
 
-// bit g of each byte moved to bit 2 (16-bit shifts: bits crossing bytes land outside bit 2)
-template <class V = V8>
-DFLASH_INLINE typename V::I third_bit(typename V::I h, int g) {
-    const typename V::I moved = g < 2 ? V::slli16(h, 2 - g) : V::srli16(h, g - 2);
-    return V::and_(moved, V::set1_8(0x04));
-}
-
 // the 3-bit quants of group 4n + j from the qs bytes of half n and the hmask bytes (either layout, any width)
 template <class V = V8>
 DFLASH_INLINE typename V::I q3_group(typename V::I qs, typename V::I hm, int n, int j) {
-    return V::or_(V::and_(V::srli16(qs, 2 * j), V::set1_8(0x03)), third_bit<V>(hm, 4 * n + j));
+    return V::or_(V::and_(V::srli16(qs, 2 * j), V::set1_8(0x03)), moved_bit<2, V>(hm, 4 * n + j));
 }
 
 // Every width takes the transposed tile: ggml's layout read row by row took 1.7x its time at one column (2048 x
