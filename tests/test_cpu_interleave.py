@@ -1,4 +1,4 @@
-"""Interleaved weights (gemm.h: dflash_cpu_interleave, patches/0014): Q4_K, Q5_K, Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL
+"""Interleaved weights (gemm.h: dflash_cpu_interleave, patches/0014): Q4_K, Q5_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL
 matrices whose rows are a multiple of 8, and Q6_K ones where VNNI runs, are kept, from load, with each block of each
 tile of 8 rows stored as its 4-byte words (Q8_0's quants as q + 128, Q5_0's fifth bits as masks of the unpacked
 lanes), so the kernels read a tile as one stream with no transposes. The layout must change nothing but speed:
@@ -20,7 +20,7 @@ from dflash_gguf.native.lib import libname
 from lab.matmul_probe import GGML_TYPES, MatmulProbe
 
 BATCHES = list(range(1, 17)) + [40]
-BLOCKS_OF_32 = ("q4_0", "q4_1", "q5_0", "q8_0", "iq4_nl")    # blocks of 32 weights; the others are K-quants (256)
+BLOCKS_OF_32 = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl")    # blocks of 32 weights; the others are K-quants (256)
 SCALE_FIRST = ("q4_0", "q5_0", "q8_0", "iq4_nl")    # one fp16 scale, then whole words: the 8 rows' scales lead
 SCALE_LAST = ("q6_k",)                               # whole words, then one fp16 scale: the 8 rows' scales close
 WITH_VNNI = ("q6_k",)          # interleaved at load only where VNNI runs (AVX2 keeps them in ggml's layout)
@@ -75,9 +75,9 @@ def _q8_1(x: np.ndarray) -> np.ndarray:
 
 def _activations(native, cpu, weight_type: str, x: np.ndarray) -> np.ndarray:
     """x [n, k] as the weight type's vec_dot_type: Q8_K for the K-quants (our vector steps, ggml's bytes), Q8_1
-    for Q4_1, Q8_0 (ggml's own quantization) for the others"""
+    for Q4_1 and Q5_1, Q8_0 (ggml's own quantization) for the others"""
     n, k = x.shape
-    if weight_type == "q4_1":
+    if weight_type in ("q4_1", "q5_1"):
         return _q8_1(x)
     if weight_type in BLOCKS_OF_32:
         probe = MatmulProbe(native, "q8_0", [(1, k)], [1])
@@ -90,7 +90,7 @@ def _activations(native, cpu, weight_type: str, x: np.ndarray) -> np.ndarray:
     return acts
 
 
-@pytest.mark.parametrize("weight_type", ["q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0", "q8_0", "iq4_nl"])
+@pytest.mark.parametrize("weight_type", ["q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl"])
 def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu, weight_type):
     if kernels.isa == "none":
         pytest.skip("our CPU kernels do not run on this CPU")
@@ -104,7 +104,8 @@ def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu,
     kind = GGML_TYPES[weight_type]
     assert cpu.dflash_cpu_interleave_wanted(kind, n_rows) == (weight_type not in WITH_VNNI or kernels.isa != "avx2")
     assert not cpu.dflash_cpu_interleave_wanted(kind, n_rows - 4)          # a partial tile stays in ggml's layout
-    assert not cpu.dflash_cpu_interleave_wanted(GGML_TYPES["q3_k"], n_rows)   # types without a tiled kernel
+    for unpacked_whole in ("q2_k", "q3_k"):     # types whose tiles read ggml's layout
+        assert not cpu.dflash_cpu_interleave_wanted(GGML_TYPES[unpacked_whole], n_rows)
     inter = np.empty_like(raw)
     cpu.dflash_cpu_interleave(kind, n_rows, raw.shape[1], raw.ctypes.data, inter.ctypes.data)
     n_blocks = k // (32 if weight_type in BLOCKS_OF_32 else 256)

@@ -1,7 +1,7 @@
 """Our CPU kernels (ggml-kernels/cpu, wired in by patches/0003) against references, through ggml itself.
 
 Every product runs as a ggml MUL_MAT in `ggml_graph_compute`, i.e. through the dispatch a model's
-decode uses. Random Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, F16, BF16 and F32 weights
+decode uses. Random Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, F16, BF16 and F32 weights
 (quantized by ggml) times random activations of B = 1..16 columns and one wide batch, for shapes whose rows are not a
 multiple of the tiles and K from 32 to 1536, on every instruction-set variant this CPU runs (an AVX-512 machine runs
 the AVX2 variant too):
@@ -33,12 +33,12 @@ from lab.matmul_probe import MatmulProbe
 
 BATCHES = list(range(1, 17)) + [40]     # 40: wider than one pass on AVX2 and on AVX-512
 NMSE_VS_F32 = 5e-4                      # test-backend-ops' MUL_MAT tolerance
-QUANTIZED = ["q4_0", "q4_1", "q5_0", "q8_0", "iq4_nl", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"]
+QUANTIZED = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"]
 TYPES = QUANTIZED + ["f16", "bf16", "f32"]
 NMSE_VS_STOCK = {t: 1e-9 for t in QUANTIZED} | {"f16": 1e-5, "bf16": 1e-4, "f32": 1e-9}
-K_TILED = {"q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"}       # the AVX-512 variant may step their tiles two at a time
+K_TILED = {"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"}       # the AVX-512 variant may step their tiles two at a time
 # weights per block (32 for the rest)
-BLOCK = {"q3_k": 256, "q4_k": 256, "q5_k": 256, "q6_k": 256, "iq4_xs": 256, "f16": 1, "bf16": 1, "f32": 1}
+BLOCK = {"q2_k": 256, "q3_k": 256, "q4_k": 256, "q5_k": 256, "q6_k": 256, "iq4_xs": 256, "f16": 1, "bf16": 1, "f32": 1}
 # (n_rows, k, threads): rows not a multiple of the 8-row tiles, one and several blocks per row
 # (40, 256, 1): one thread's chunk of whole tiles, so the AVX-512 variant steps K-quant tiles in pairs (two threads
 # claim chunks of one tile each in these small products)
@@ -190,40 +190,53 @@ def test_isa_none_is_ggmls_own_path(native, kernels, weight_type):
     probe.close()
 
 
-# Types our kernels do not cover: ggml's own paths, kept width-independent by patches/0010 (tinyBLAS for Q5_1;
-# the tiled K-quant matmul and the repacked 4-column gemm for Q2_K)
-UNCOVERED = ["q5_1", "q2_k"]
+# Types our kernels do not cover (the IQ2/IQ3 lattice formats): ggml's own paths, kept width-independent by
+# patches/0010 (here: its tiled K-quant matmul, which takes 8 columns and more in another order than vec_dot)
+UNCOVERED = ["iq3_xxs", "iq3_s"]
 
 
 @pytest.mark.parametrize("weight_type", UNCOVERED)
 def test_types_our_kernels_do_not_cover_stay_batch_invariant(native, kernels, weight_type):
     """ggml's tinyBLAS, tiled and repacked paths sum in an order that depends on the width; with batch invariance on,
     these types take vec_dot (or the one-column gemv) for every width: column j of a B-column product equals that
-    column alone (fails without patches/0010's fallbacks)."""
+    column alone. With ggml's own paths (isa none) the same products differ from 8 columns: what patches/0010
+    prevents, so the test fails without it."""
     from gguf import GGMLQuantizationType
     assert kernels.batch_invariant
     n_rows, k = 40, 512
     rng = np.random.default_rng(11)
-    probe = MatmulProbe(native, weight_type, [(n_rows, k)], BATCHES)
     w = rng.standard_normal((n_rows, k), dtype=np.float32)
-    raw = probe.quantize(w)
-    probe.set_weights(0, raw)
-    w_deq = quants.dequantize(raw, GGMLQuantizationType[weight_type.upper()]).astype(np.float64)
     x = rng.standard_normal((max(BATCHES), k), dtype=np.float32)
-    alone = []
-    for j in range(len(x)):
-        probe.set_activations(x[j:j + 1])
-        probe.compute(1, 2)
-        alone.append(probe.result(1)[0])
-    for n in BATCHES[1:]:
-        probe.set_activations(x[:n])
-        probe.compute(n, 2)
-        out = probe.result(n)
-        assert nmse(out, x[:n].astype(np.float64) @ w_deq.T) <= NMSE_VS_F32
-        for j in range(n):
-            assert np.array_equal(out[j].view(np.uint32), alone[j].view(np.uint32)), \
-                f"{weight_type}: column {j} of B={n} differs from the same column alone"
-    probe.close()
+
+    def widths_differing_from_alone() -> set[int]:
+        # a probe of its own: its plans size the work buffer for the paths the current variant takes (tiled or not)
+        probe = MatmulProbe(native, weight_type, [(n_rows, k)], BATCHES)
+        raw = probe.quantize(w)
+        probe.set_weights(0, raw)
+        w_deq = quants.dequantize(raw, GGMLQuantizationType[weight_type.upper()]).astype(np.float64)
+        alone = []
+        for j in range(len(x)):
+            probe.set_activations(x[j:j + 1])
+            probe.compute(1, 2)
+            alone.append(probe.result(1)[0].copy())
+        widths = set()
+        for n in BATCHES[1:]:
+            probe.set_activations(x[:n])
+            probe.compute(n, 2)
+            out = probe.result(n)
+            assert nmse(out, x[:n].astype(np.float64) @ w_deq.T) <= NMSE_VS_F32
+            if any(not np.array_equal(out[j].view(np.uint32), alone[j].view(np.uint32)) for j in range(n)):
+                widths.add(n)
+        probe.close()
+        return widths
+
+    assert widths_differing_from_alone() == set(), f"{weight_type}: a verify column differs from that column alone"
+    chosen = kernels.isa
+    assert kernels.set_isa("none")
+    try:
+        assert widths_differing_from_alone(), f"{weight_type}: ggml's own paths are width-independent here too"
+    finally:
+        kernels.set_isa(chosen)
 
 
 Q8_K_BLOCK = np.dtype([("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)])   # ggml's block_q8_K

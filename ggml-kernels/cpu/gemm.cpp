@@ -128,12 +128,14 @@ extern "C" bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols) {
         case GGML_TYPE_Q4_0:
         case GGML_TYPE_Q4_1:
         case GGML_TYPE_Q5_0:
+        case GGML_TYPE_Q5_1:
         case GGML_TYPE_Q8_0:
         case GGML_TYPE_IQ4_NL:
         case GGML_TYPE_Q4_K:
         case GGML_TYPE_Q5_K:
         case GGML_TYPE_Q6_K:
         case GGML_TYPE_Q3_K:
+        case GGML_TYPE_Q2_K:
         case GGML_TYPE_IQ4_XS:
             return true;
         default:
@@ -171,12 +173,14 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_0, gemm_q4_0)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_1, gemm_q4_1)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_0, gemm_q5_0)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_1, gemm_q5_1)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q8_0, gemm_q8_0)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ4_NL, gemm_iq4_nl)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_K, gemm_q4_k)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_K, gemm_q5_k)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q6_K, gemm_q6_k)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q3_K, gemm_q3_k)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q2_K, gemm_q2_k)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ4_XS, gemm_iq4_xs)
         default:
             return false;
@@ -192,7 +196,8 @@ extern "C" bool dflash_cpu_interleave_wanted(enum ggml_type type, int64_t n_rows
     // Q6_K where VNNI runs its dot steps: without it one column read ggml's layout faster (gemm.h)
     const bool q6_k = type == GGML_TYPE_Q6_K && (isa == ISA_AVX512 || isa == ISA_AVXVNNI);
     return (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || q6_k || type == GGML_TYPE_Q4_0 ||
-            type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_IQ4_NL) &&
+            type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1 || type == GGML_TYPE_Q8_0 ||
+            type == GGML_TYPE_IQ4_NL) &&
            n_rows > 0 && n_rows % 8 == 0 && isa != ISA_NONE;
 }
 
@@ -269,6 +274,7 @@ extern "C" bool dflash_cpu_gemm_interleaved(enum ggml_type type, int64_t n_rows,
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_0, gemm_q4_0_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_1, gemm_q4_1_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_0, gemm_q5_0_interleaved)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_1, gemm_q5_1_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q8_0, gemm_q8_0_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ4_NL, gemm_iq4_nl_interleaved)
         default:

@@ -4,7 +4,7 @@
 // summation order that does not depend on how many columns the product has, and the dispatch sends
 // every width of a covered type (one column too) to the same kernel family. So the logits of a row of
 // a verify batch equal, bit for bit, those of the same token decoded alone (tests/test_cpu_kernels.py,
-// tests/test_exactness.py). Covered: Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS
+// tests/test_exactness.py). Covered: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS
 // (quantized activations, tile_gemm.h), F16, BF16, F32 (float_gemm.cpp). Other types take ggml's
 // width-independent paths (dflash_cpu_batch_invariant).
 //
@@ -38,7 +38,7 @@ typedef int (*dflash_cpu_next_chunk)(void * pool);
 
 // C[j*ldc + i] = dot(row i of A, row j of B) for i < n_rows, j < n_cols. A: n_rows rows of n_blocks
 // blocks of `type` (row stride a_row_bytes); B: n_cols rows of n_blocks blocks of that type's
-// vec_dot_type (Q8_1 for Q4_1, Q8_K for the K-quants, Q8_0 for the others; row stride b_row_bytes); C: float,
+// vec_dot_type (Q8_1 for Q4_1 and Q5_1, Q8_K for the K-quants, Q8_0 for the others; row stride b_row_bytes); C: float,
 // column stride ldc floats. Thread ith of nth computes its share of the rows (dflash_cpu_next_chunk); together
 // they cover all of them. Returns false (and writes nothing) when no kernel for `type` runs on this CPU.
 bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_t n_blocks,
@@ -48,7 +48,7 @@ bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_
 // Interleaved weights: the types whose kernels read a tile of 8 rows fastest as one stream of words (Q4_K and Q5_K:
 // without the per-call transposes, one column took 0.67x and 8 columns 0.77x the time in ggml's row layout; Q6_K
 // where VNNI runs, 0.86-0.97x at 1 column and 0.86-0.93x at 4 to 16, while AVX2's one column took 1.04-1.07x;
-// Q4_0: docs/cpu-kernels.md; Q4_1, Q5_0, Q8_0, IQ4_NL) are kept, from load, with each block of each tile of 8 rows
+// Q4_0: docs/cpu-kernels.md; Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) are kept, from load, with each block of each tile of 8 rows
 // stored as its 4-byte words, word w of row r at 32 w + 4 r; a block that opens with one fp16 scale before whole
 // words (Q4_0, Q5_0, Q8_0, IQ4_NL) keeps the 8 rows' scales first, 16 bytes, and its words after them, at
 // 16 + 32 w + 4 r; Q6_K's, which closes with its fp16 d after 52 words, keeps its words first and the 8 rows' d after

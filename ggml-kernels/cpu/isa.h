@@ -26,12 +26,14 @@
     DFLASH_CPU_QUANT_GEMM(gemm_q4_0)                                                                           \
     DFLASH_CPU_QUANT_GEMM(gemm_q4_1)                                                                           \
     DFLASH_CPU_QUANT_GEMM(gemm_q5_0)                                                                           \
+    DFLASH_CPU_QUANT_GEMM(gemm_q5_1)                                                                           \
     DFLASH_CPU_QUANT_GEMM(gemm_q8_0)                                                                           \
     DFLASH_CPU_QUANT_GEMM(gemm_iq4_nl)                                                                         \
     DFLASH_CPU_QUANT_GEMM(gemm_q4_k)                                                                           \
     DFLASH_CPU_QUANT_GEMM(gemm_q5_k)                                                                           \
     DFLASH_CPU_QUANT_GEMM(gemm_q6_k)                                                                           \
     DFLASH_CPU_QUANT_GEMM(gemm_q3_k)                                                                           \
+    DFLASH_CPU_QUANT_GEMM(gemm_q2_k)                                                                           \
     DFLASH_CPU_QUANT_GEMM(gemm_iq4_xs)                                                                         \
     /* activations of the K-quants, as ggml's quantize_row_q8_K_ref writes them (gemm.h) */                 \
     bool quantize_q8_k(const float * x, void * y, int64_t k);                                                 \

@@ -1,14 +1,15 @@
-// dflash-gguf: Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS weights x Q8_K activations (see tile_gemm.h).
+// dflash-gguf: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS weights x Q8_K activations (see tile_gemm.h).
 //
-// ggml's definitions (dequantize_row_q3_K / _q4_K / _q5_K / _q6_K), per super-block of 256 weights:
+// ggml's definitions (dequantize_row_q2_K / _q3_K / _q4_K / _q5_K / _q6_K), per super-block of 256 weights:
 // - Q4_K / Q5_K: 8 groups of 32, w = d * sc_g * q - dmin * m_g with q in 0..15 (Q5_K: 0..31, the fifth
 //   bit of group g in bit g of qh), sc_g and m_g 6-bit;
 // - Q6_K: 16 halves of 16, w = d * sc_h * (q - 32) with q in 0..63, sc_h a signed byte;
-// - Q3_K: 16 halves of 16, w = d * sc_h * (q - 4) with q in 0..7 (its third bit the hmask bit), sc_h 6-bit - 32.
+// - Q3_K: 16 halves of 16, w = d * sc_h * (q - 4) with q in 0..7 (its third bit the hmask bit), sc_h 6-bit - 32;
+// - Q2_K: 16 halves of 16, w = d * sc_h * q - dmin * m_h with q in 0..3, sc_h and m_h 4-bit.
 // Q8_K activations: a = d_a * p, with the sums of p over each 16 (bsums).
 // Per row, super-block and column two exact integers, as ggml's vec_dot sums them:
 //   isum = sum_g sc_g * sum(q * p)       (Q6_K: sum_h sc_h * (sum(q * p) - 32 * sum(p)); Q3_K: - 4 * sum(p))
-//   msum = sum_g m_g * sum(p)            (Q4_K / Q5_K)
+//   msum = sum_g m_g * sum(p)            (Q4_K / Q5_K; Q2_K: sum_h m_h * sum(p))
 // then the float steps (finish): acc += isum * (d * d_a), acc += msum * (-dmin * d_a). The transposed tile
 // (lanes = rows) and the row-major path of one column get the same integers, so every batch width gives the
 // same bits; a verify row equals the token decoded alone.
@@ -461,11 +462,15 @@ struct K6PackedT {
 };
 using K6Packed = K6PackedT<V8>;
 
+// Offset of half_group_columns for a format whose halves of 16 carry a min instead of an offset (Q2_K)
+constexpr int MIN_PER_HALF = -1;
+
 // Every column of one unpacked block of a format with 16 scales of 16 and quants q in 0..MAX_Q offset by
 // 2^OFFSET_LOG2 (Q6_K, Q3_K), each half-group's quants in registers for all RN columns:
-// isum = sum_h sc_h * sum(q * p) - 2^OFFSET_LOG2 * sum_h sc_h * sum(p), the offset term by int16 pairs of scales
-template <class Format, int MAX_Q, int OFFSET_LOG2, int RN, class V>
-DFLASH_INLINE void half_group_columns(const K6PackedT<V> & w, const Activations<Format> & a, int64_t b, int64_t j0,
+// isum = sum_h sc_h * sum(q * p) - 2^OFFSET_LOG2 * sum_h sc_h * sum(p), the offset term by int16 pairs of scales;
+// with OFFSET_LOG2 = MIN_PER_HALF (Q2_K) no offset, and msum = sum_h m_h * sum(p) by int16 pairs of mins (w.m_pair)
+template <class Format, int MAX_Q, int OFFSET_LOG2, int RN, class V, class P>
+DFLASH_INLINE void half_group_columns(const P & w, const Activations<Format> & a, int64_t b, int64_t j0,
                                       typename V::F * acc) {
     if constexpr (RN > COLUMN_CHUNK) {
         half_group_columns<Format, MAX_Q, OFFSET_LOG2, COLUMN_CHUNK, V>(w, a, b, j0, acc);
@@ -482,18 +487,30 @@ DFLASH_INLINE void half_group_columns(const K6PackedT<V> & w, const Activations<
             add_scaled_dots<RN, 4, MAX_Q, V>(isum, w.q[g] + 4 * half, p, 32 * g + 16 * half, sc, pair16<V>(sc, sc));
         }
     }
-    typename V::I sc_pair[GROUPS];   // scales of halves 2g, 2g + 1 as two int16
-    for (int g = 0; g < GROUPS; ++g) {
-        sc_pair[g] = pair16<V>(w.sc_lo[g], w.sc_hi[g]);
-    }
-    for (int j = 0; j < RN; ++j) {
-        const KScale & c = *a.scales(b, j0 + j);
-        typename V::I offset = V::zero();
+    // per column, sum_h x_h * sum(p over half h) from int16 pairs x of halves 2g, 2g + 1
+    const auto paired_sums = [&](const typename V::I (&pair)[GROUPS], const KScale & c) {
+        typename V::I sum = V::zero();
         for (int g = 0; g < GROUPS; ++g) {
-            offset = V::add(offset, V::madd16(sc_pair[g], V::set1((int) load_u32(c.bsums + 2 * g))));
+            sum = V::add(sum, V::madd16(pair[g], V::set1((int) load_u32(c.bsums + 2 * g))));
         }
-        acc[j] = Format::template finish<V>(V::sub(isum[j], V::template slli<OFFSET_LOG2>(offset)), V::zero(), w.rs,
-                                            c, acc[j]);
+        return sum;
+    };
+    if constexpr (OFFSET_LOG2 == MIN_PER_HALF) {
+        for (int j = 0; j < RN; ++j) {
+            const KScale & c = *a.scales(b, j0 + j);
+            acc[j] = Format::template finish<V>(isum[j], paired_sums(w.m_pair, c), w.rs, c, acc[j]);
+        }
+    } else {
+        typename V::I sc_pair[GROUPS];   // scales of halves 2g, 2g + 1 as two int16
+        for (int g = 0; g < GROUPS; ++g) {
+            sc_pair[g] = pair16<V>(w.sc_lo[g], w.sc_hi[g]);
+        }
+        for (int j = 0; j < RN; ++j) {
+            const KScale & c = *a.scales(b, j0 + j);
+            const typename V::I offset = paired_sums(sc_pair, c);
+            acc[j] = Format::template finish<V>(V::sub(isum[j], V::template slli<OFFSET_LOG2>(offset)), V::zero(),
+                                                w.rs, c, acc[j]);
+        }
     }
 }
 
@@ -648,6 +665,71 @@ struct Q3_K : KTraits<block_q3_K, K6PackedT, 0>, FinishWithoutMin<block_q3_K> {
     static DFLASH_INLINE void columns(const K6PackedT<V> & w, const Activations<Q3_K> & a, int64_t b, int64_t j0,
                                       typename V::F * acc) {
         half_group_columns<Q3_K, 7, 2, RN, V>(w, a, b, j0, acc);
+    }
+};
+
+// ---- Q2_K ----
+// Group g = 4n + j (half n of the super-block, shift j) holds values 128n + 32j + l, l < 32: bits 2j, 2j + 1 of
+// qs[32n + l]; value v has scale and min byte scales[v / 16], the scale in its low nibble, the min in its high one:
+// w = d * sc_h * q - dmin * m_h. Q3_K's scheme (halves of 16) with q in 0..3, no offset, and a min per half whose
+// term msum = sum_h m_h * sum(p) goes through Q4_K's float steps.
+
+template <class V>
+struct K2PackedT : K6PackedT<V> {
+    typename V::I m_pair[GROUPS];   // mins of halves 2g, 2g + 1 as two int16, lanes = rows
+};
+using K2Packed = K2PackedT<V8>;
+
+// Every width takes the transposed tile, as Q3_K
+struct Q2_K : KTraits<block_q2_K, K2PackedT, 0> {
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K2Packed & out) {
+        using V = V8;
+        using I = typename V::I;
+        const TileRows<block_q2_K> r(t, b);
+        for (int n = 0; n < 2; ++n) {
+            I qs[TILE_ROWS];
+            r.transposed(offsetof(block_q2_K, qs) + 32 * n, qs);
+            for (int j = 0; j < 4; ++j) {
+                for (int k = 0; k < TILE_ROWS; ++k) {
+                    out.q[4 * n + j][k] = V::and_(V::srli16(qs[k], 2 * j), V::set1_8(0x03));
+                }
+            }
+        }
+        // byte h of the scales, lanes = rows: byte h % 4 of word h / 4
+        I words[4];
+        for (int w = 0; w < 4; ++w) {
+            words[w] = r.lanes_u32(offsetof(block_q2_K, scales) + 4 * w);
+        }
+        I m[2 * GROUPS];
+        for (int h = 0; h < 2 * GROUPS; ++h) {
+            const I byte = lane_byte<V>(words[h / 4], h % 4);
+            const I sc = V::and_(byte, V::set1(0xF));
+            if (h % 2) {
+                out.sc_hi[h / 2] = sc;
+            } else {
+                out.sc_lo[h / 2] = sc;
+            }
+            m[h] = V::srli32(byte, 4);
+        }
+        for (int g = 0; g < GROUPS; ++g) {
+            out.m_pair[g] = pair16<V>(m[2 * g], m[2 * g + 1]);
+        }
+        // d, dmin: the two fp16 that close the block
+        constexpr size_t d_at = sizeof(block_q2_K) - 2 * sizeof(ggml_half);
+        out.rs = KRowScalesT<V>{r.lanes_f16(d_at), V::neg(r.lanes_f16(d_at + sizeof(ggml_half)))};
+    }
+
+    template <class V = V8>
+    static DFLASH_INLINE typename V::F finish(typename V::I isum, typename V::I msum, const KRowScalesT<V> & rs,
+                                              const KScale & c, typename V::F acc) {
+        return finish_k<true, V>(isum, msum, rs, c, acc);
+    }
+
+    // every column of one unpacked block: isum = sum_h sc_h * sum(q * p), msum = sum_h m_h * sum(p)
+    template <int RN, class V>
+    static DFLASH_INLINE void columns(const K2PackedT<V> & w, const Activations<Q2_K> & a, int64_t b, int64_t j0,
+                                      typename V::F * acc) {
+        half_group_columns<Q2_K, 3, MIN_PER_HALF, RN, V>(w, a, b, j0, acc);
     }
 };
 
@@ -895,6 +977,7 @@ DFLASH_CPU_GEMM_ENTRY(gemm_q4_k, Q4_K)
 DFLASH_CPU_GEMM_ENTRY(gemm_q5_k, Q5_K)
 DFLASH_CPU_GEMM_ENTRY(gemm_q6_k, Q6_K)
 DFLASH_CPU_GEMM_ENTRY(gemm_q3_k, Q3_K)
+DFLASH_CPU_GEMM_ENTRY(gemm_q2_k, Q2_K)
 DFLASH_CPU_GEMM_ENTRY(gemm_iq4_xs, IQ4_XS)
 
 }  // namespace DFLASH_CPU_VARIANT

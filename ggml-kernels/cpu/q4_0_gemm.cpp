@@ -92,30 +92,7 @@ struct Q5_0 : Offset32<Q5_0, block_q5_0, 31, 16> {
         const block_q5_0 * r[TILE_ROWS];
         t.rows(b, r);
         unpack_nibbles32(r, offsetof(block_q5_0, qs), out);
-        // q[k] byte i (value 4k + i) takes bit 4k + i of its row's qh: byte k / 2 of the lane's word,
-        // bit 4 (k % 2) + i of that byte
-        const __m256i qh = load_lanes_u32(r, offsetof(block_q5_0, qh));
-        const __m256i fifth = _mm256_set1_epi8(0x10);
-        for (int k = 0; k < 8; ++k) {
-            const char c = (char) (k / 2);
-            const __m256i spread = _mm256_setr_epi8(c, c, c, c, c + 4, c + 4, c + 4, c + 4, c + 8, c + 8, c + 8, c + 8,
-                                                    c + 12, c + 12, c + 12, c + 12, c, c, c, c, c + 4, c + 4, c + 4,
-                                                    c + 4, c + 8, c + 8, c + 8, c + 8, c + 12, c + 12, c + 12, c + 12);
-            const int s = 4 * (k % 2);
-            const __m256i bit = _mm256_setr_epi8(1 << s, 2 << s, 4 << s, (char) (8 << s), 1 << s, 2 << s, 4 << s,
-                                                 (char) (8 << s), 1 << s, 2 << s, 4 << s, (char) (8 << s), 1 << s,
-                                                 2 << s, 4 << s, (char) (8 << s), 1 << s, 2 << s, 4 << s,
-                                                 (char) (8 << s), 1 << s, 2 << s, 4 << s, (char) (8 << s), 1 << s,
-                                                 2 << s, 4 << s, (char) (8 << s), 1 << s, 2 << s, 4 << s,
-                                                 (char) (8 << s));
-            const __m256i picked = _mm256_shuffle_epi8(qh, spread);
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
-            out.q[k] = _mm256_mask_add_epi8(out.q[k], _mm256_test_epi8_mask(picked, bit), out.q[k], fifth);
-#else
-            const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(picked, bit), bit);
-            out.q[k] = _mm256_or_si256(out.q[k], _mm256_and_si256(set, fifth));
-#endif
-        }
+        add_fifth_bit_lanes(load_lanes_u32(r, offsetof(block_q5_0, qh)), out);
         out.d = load_lanes_f16(r, offsetof(block_q5_0, d));
         out.m = _mm256_setzero_ps();
     }

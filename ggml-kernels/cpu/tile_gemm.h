@@ -414,6 +414,33 @@ DFLASH_INLINE void interleaved_nibbles(const char * words, PackedBlock & out) {
     }
 }
 
+// The fifth bits of a block of 8 rows of 5-bit quants (Q5_0, Q5_1: bit k of a row's 32-bit qh is value k's), lane r
+// of qh = row r's, added as 0x10 to the unpacked nibbles: q[k] byte i (value 4k + i) takes bit 4k + i, i.e. bit
+// 4 (k % 2) + i of byte k / 2 of its lane's word
+DFLASH_INLINE void add_fifth_bit_lanes(__m256i qh, PackedBlock & out) {
+    const __m256i fifth = _mm256_set1_epi8(0x10);
+    for (int k = 0; k < 8; ++k) {
+        const char c = (char) (k / 2);
+        const __m256i spread = _mm256_setr_epi8(c, c, c, c, c + 4, c + 4, c + 4, c + 4, c + 8, c + 8, c + 8, c + 8,
+                                                c + 12, c + 12, c + 12, c + 12, c, c, c, c, c + 4, c + 4, c + 4,
+                                                c + 4, c + 8, c + 8, c + 8, c + 8, c + 12, c + 12, c + 12, c + 12);
+        const int s = 4 * (k % 2);
+        const __m256i bit = _mm256_setr_epi8(1 << s, 2 << s, 4 << s, (char) (8 << s), 1 << s, 2 << s, 4 << s,
+                                             (char) (8 << s), 1 << s, 2 << s, 4 << s, (char) (8 << s), 1 << s,
+                                             2 << s, 4 << s, (char) (8 << s), 1 << s, 2 << s, 4 << s,
+                                             (char) (8 << s), 1 << s, 2 << s, 4 << s, (char) (8 << s), 1 << s,
+                                             2 << s, 4 << s, (char) (8 << s), 1 << s, 2 << s, 4 << s,
+                                             (char) (8 << s));
+        const __m256i picked = _mm256_shuffle_epi8(qh, spread);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+        out.q[k] = _mm256_mask_add_epi8(out.q[k], _mm256_test_epi8_mask(picked, bit), out.q[k], fifth);
+#else
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(picked, bit), bit);
+        out.q[k] = _mm256_or_si256(out.q[k], _mm256_and_si256(set, fifth));
+#endif
+    }
+}
+
 // Block b of an interleaved tile whose blocks open with one fp16 scale (Q4_0, Q5_0, Q8_0, IQ4_NL; gemm.h): the 8
 // rows' scales into out.d (out.m zero); returns the block's words, which follow the scales
 template <typename Block>
