@@ -1,7 +1,7 @@
-"""Interleaved weights (gemm.h: dflash_cpu_interleave, patches/0014): Q4_K, Q5_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL
-matrices whose rows are a multiple of 8, and Q6_K ones where VNNI runs, are kept, from load, with each block of each
-tile of 8 rows stored as its 4-byte words (Q8_0's quants as q + 128, Q5_0's fifth bits as masks of the unpacked
-lanes), so the kernels read a tile as one stream with no transposes. The layout must change nothing but speed:
+"""Interleaved weights (gemm.h: dflash_cpu_interleave, patches/0014): Q2_K, Q3_K, Q4_K, Q5_K, Q4_0, Q4_1, Q5_0, Q5_1,
+Q8_0 and IQ4_NL matrices whose rows are a multiple of 8, and Q6_K ones where VNNI runs, are kept, from load, with each
+block of each tile of 8 rows stored as its 4-byte words (Q8_0's quants as q + 128, Q5_0's fifth bits as masks of the
+unpacked lanes), so the kernels read a tile as one stream with no transposes. The layout must change nothing but speed:
 through the C entry points, on every instruction-set variant this CPU runs and with the rows split over threads, the
 product of the interleaved weights equals the product of the same weights in ggml's layout bit for bit at every batch
 width (which tests/test_cpu_kernels.py checks against float64, ggml's stock path and across widths). Models load
@@ -22,7 +22,7 @@ from lab.matmul_probe import GGML_TYPES, MatmulProbe
 BATCHES = list(range(1, 17)) + [40]
 BLOCKS_OF_32 = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl")    # blocks of 32 weights; the others are K-quants (256)
 SCALE_FIRST = ("q4_0", "q5_0", "q8_0", "iq4_nl")    # one fp16 scale, then whole words: the 8 rows' scales lead
-SCALE_LAST = ("q6_k",)                               # whole words, then one fp16 scale: the 8 rows' scales close
+SCALE_LAST = ("q6_k", "q3_k")                       # whole words, then one fp16 scale: the 8 rows' scales close
 WITH_VNNI = ("q6_k",)          # interleaved at load only where VNNI runs (AVX2 keeps them in ggml's layout)
 Q8_K_BYTES = 292                    # one block_q8_K: its activations' row bytes per 256 values
 _P, _I64, _SZ = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
@@ -90,7 +90,8 @@ def _activations(native, cpu, weight_type: str, x: np.ndarray) -> np.ndarray:
     return acts
 
 
-@pytest.mark.parametrize("weight_type", ["q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl"])
+@pytest.mark.parametrize("weight_type", ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
+                                         "iq4_nl"])
 def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu, weight_type):
     if kernels.isa == "none":
         pytest.skip("our CPU kernels do not run on this CPU")
@@ -104,8 +105,7 @@ def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu,
     kind = GGML_TYPES[weight_type]
     assert cpu.dflash_cpu_interleave_wanted(kind, n_rows) == (weight_type not in WITH_VNNI or kernels.isa != "avx2")
     assert not cpu.dflash_cpu_interleave_wanted(kind, n_rows - 4)          # a partial tile stays in ggml's layout
-    for unpacked_whole in ("q2_k", "q3_k"):     # types whose tiles read ggml's layout
-        assert not cpu.dflash_cpu_interleave_wanted(GGML_TYPES[unpacked_whole], n_rows)
+    assert not cpu.dflash_cpu_interleave_wanted(GGML_TYPES["iq3_s"], n_rows)   # types without our kernels
     inter = np.empty_like(raw)
     cpu.dflash_cpu_interleave(kind, n_rows, raw.shape[1], raw.ctypes.data, inter.ctypes.data)
     n_blocks = k // (32 if weight_type in BLOCKS_OF_32 else 256)
@@ -134,7 +134,7 @@ def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu,
         # last: bytes 12..15 of its quants, after d and m)
         assert np.array_equal(tile[8 * block + 32 * 4 + 4 * 3:][:4], raw[3, block + 16:block + 20])
     if weight_type in SCALE_LAST:
-        # the 52 words, then the 8 rows' fp16 d: row 5's d of the first tile's second block at 1664 + 2 * 5
+        # the words (Q6_K 52, Q3_K 27), then the 8 rows' fp16 d: row 5's d of the first tile's second block
         words = (block - 2) // 4
         assert np.array_equal(tile[8 * block + 32 * words + 2 * 5:][:2], raw[5, 2 * block - 2:2 * block])
     if weight_type == "q5_0":

@@ -195,7 +195,8 @@ extern "C" bool dflash_cpu_interleave_wanted(enum ggml_type type, int64_t n_rows
     const int isa = current_isa();
     // Q6_K where VNNI runs its dot steps: without it one column read ggml's layout faster (gemm.h)
     const bool q6_k = type == GGML_TYPE_Q6_K && (isa == ISA_AVX512 || isa == ISA_AVXVNNI);
-    return (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || q6_k || type == GGML_TYPE_Q4_0 ||
+    return (type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q3_K || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || q6_k ||
+            type == GGML_TYPE_Q4_0 ||
             type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1 || type == GGML_TYPE_Q8_0 ||
             type == GGML_TYPE_IQ4_NL) &&
            n_rows > 0 && n_rows % 8 == 0 && isa != ISA_NONE;
@@ -223,9 +224,9 @@ extern "C" void dflash_cpu_interleave(enum ggml_type type, int64_t n_rows, size_
                                       void * dst) {
     const size_t block = ggml_type_size(type);
     // the layout: gemm.h; the bytes of a block's fp16 scale where the rest is whole words: leading (Q4_0) or
-    // trailing (Q6_K, whose d closes the block)
+    // trailing (Q6_K and Q3_K, whose d closes the block)
     const size_t odd = block % 4 == 2 ? 2 : 0;
-    const size_t lead = type == GGML_TYPE_Q6_K ? 0 : odd, trail = odd - lead;
+    const size_t lead = type == GGML_TYPE_Q6_K || type == GGML_TYPE_Q3_K ? 0 : odd, trail = odd - lead;
     GGML_ASSERT(n_rows % 8 == 0 && (block - odd) % 4 == 0 && row_bytes % block == 0);
     const size_t words = (block - odd) / 4;
     // Q8_0's signed quants stored as q + 128, the unsigned bytes VNNI's dot steps take (q8_0_gemm.cpp)
@@ -271,6 +272,8 @@ extern "C" bool dflash_cpu_gemm_interleaved(enum ggml_type type, int64_t n_rows,
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_K, gemm_q4_k_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_K, gemm_q5_k_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q6_K, gemm_q6_k_interleaved)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q3_K, gemm_q3_k_interleaved)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q2_K, gemm_q2_k_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_0, gemm_q4_0_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q4_1, gemm_q4_1_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_0, gemm_q5_0_interleaved)

@@ -460,8 +460,8 @@ struct TileRows {
     const char * words = nullptr;   // block b of an interleaved tile
 
     DFLASH_INLINE TileRows(const Tile & t, int64_t b) {
-        // formats of whole words, or of whole words and a closing fp16 (Q6_K; dflash_cpu_interleave_wanted)
-        if constexpr (sizeof(Row) % 4 == 0 || std::is_same_v<Row, block_q6_K>) {
+        // formats of whole words, or of whole words and a closing fp16 (Q6_K, Q3_K; dflash_cpu_interleave_wanted)
+        if constexpr (sizeof(Row) % 4 == 0 || std::is_same_v<Row, block_q6_K> || std::is_same_v<Row, block_q3_K>) {
             if (t.interleaved) {
                 words = t.interleaved_block<Row>(b);
                 return;
