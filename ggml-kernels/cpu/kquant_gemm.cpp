@@ -738,9 +738,9 @@ struct Q2_K : KTraits<block_q2_K, K2PackedT, 0> {
 // nibble (group g: bytes 16g..16g+15 of qs, low nibbles its values 0..15, high ones 16..31, as IQ4_NL) and ls_g
 // six bits: the low four in nibble g of scales_l, the high two in bits 2g, 2g + 1 of scales_h. Per row, super-block
 // and column one exact integer isum = sum_g (ls_g - 32) * sum(v * p) (|isum| < 2^28), then one float step:
-// acc += isum * (d * d_a). The transposed tile (VNNI) takes v + 128 in its unsigned x signed steps and subtracts
-// 128 * sum_g sc_g * sum(p); the row-major path takes maddubs(|v|, sign(p, v)) (pairs within int16), for one
-// column with VNNI and for every width without (v + 128 would overflow AVX2's int16 pairs).
+// acc += isum * (d * d_a). With VNNI the transposed tile takes v + 128 in its unsigned x signed steps and subtracts
+// 128 * sum_g sc_g * sum(p); without (v + 128 would overflow AVX2's int16 pairs) it takes maddubs(|v|, sign(p, v)),
+// pairs within int16, as the row-major path of one column does on both.
 
 DFLASH_INLINE __m256i iq4_values(__m256i nibbles) {
     const __m256i table = _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
@@ -755,30 +755,33 @@ DFLASH_INLINE int iq4_xs_scale(const block_iq4_xs & x, int g) {
     return (low | (high << 4)) - 32;
 }
 
-#if DFLASH_CPU_GEMM_VNNI
+// One column row-major (ggml's layout; the transposed tile from 2)
 constexpr int64_t IQ4_XS_ROWWISE_MAX = 1;
-#else
-constexpr int64_t IQ4_XS_ROWWISE_MAX = INT64_MAX;
-#endif
 
-struct IQ4_XS : KTraits<block_iq4_xs, K4PackedT, IQ4_XS_ROWWISE_MAX>, FinishWithoutMin<block_iq4_xs> {
-#if !DFLASH_CPU_GEMM_VNNI
-    static constexpr bool TILED = false;
-#endif
-
+// A transposed IQ4_XS block, lanes = rows: with VNNI q[g][k] the group's values 4k..4k+3 plus 128 and m_pair the
+// scales of groups 2k, 2k + 1 as two int16 (for the 128 * sum(p) term); without, q the values' magnitudes and v the
+// values, whose signs go onto the activations (maddubs(|v|, sign(p, v)))
 #if DFLASH_CPU_GEMM_VNNI
-    // lanes = rows: q[g][k] the group's values 4k..4k+3 plus 128, sc[g] = ls_g - 32, m_pair the scales of groups
-    // 2k, 2k + 1 as two int16 (for the 128 * sum(p) term)
-    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K4Packed & out) {
+template <class V>
+using IQ4XSPackedT = K4PackedT<V>;
+#else
+template <class V>
+struct IQ4XSPackedT : K4PackedT<V> {
+    typename V::I v[GROUPS][8];
+};
+#endif
+
+struct IQ4_XS : KTraits<block_iq4_xs, IQ4XSPackedT, IQ4_XS_ROWWISE_MAX>, FinishWithoutMin<block_iq4_xs> {
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, Packed & out) {
         using V = V8;
         const TileRows<block_iq4_xs> r(t, b);
-        const __m256i low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char) 0x80);
+        const __m256i low4 = _mm256_set1_epi8(0x0F);
         for (int g = 0; g < GROUPS; ++g) {
             __m256i n[4];
             load_transposed16(r.r, offsetof(block_iq4_xs, qs) + 16 * g, n);
             for (int k = 0; k < 4; ++k) {
-                out.q[g][k] = _mm256_xor_si256(iq4_values(_mm256_and_si256(n[k], low4)), flip);
-                out.q[g][k + 4] = _mm256_xor_si256(iq4_values(_mm256_and_si256(_mm256_srli_epi16(n[k], 4), low4)), flip);
+                lane_values(out, g, k, iq4_values(_mm256_and_si256(n[k], low4)));
+                lane_values(out, g, k + 4, iq4_values(_mm256_and_si256(_mm256_srli_epi16(n[k], 4), low4)));
             }
         }
         const __m256i head = r.lanes_u32(0);                                        // d, scales_h
@@ -794,8 +797,18 @@ struct IQ4_XS : KTraits<block_iq4_xs, K4PackedT, IQ4_XS_ROWWISE_MAX>, FinishWith
         out.rs = KRowScalesT<V>{r.lanes_f16(0), V::zerof()};
     }
 
+    // one transposed part of a group's signed values v as the dot steps take them
+    static DFLASH_INLINE void lane_values(Packed & out, int g, int k, __m256i v) {
+#if DFLASH_CPU_GEMM_VNNI
+        out.q[g][k] = _mm256_xor_si256(v, _mm256_set1_epi8((char) 0x80));
+#else
+        out.q[g][k] = _mm256_abs_epi8(v);
+        out.v[g][k] = v;
+#endif
+    }
+
     template <int RN, class V>
-    static DFLASH_INLINE void columns(const K4PackedT<V> & w, const Activations<IQ4_XS> & a, int64_t b, int64_t j0,
+    static DFLASH_INLINE void columns(const IQ4XSPackedT<V> & w, const Activations<IQ4_XS> & a, int64_t b, int64_t j0,
                                       typename V::F * acc) {
         if constexpr (RN > COLUMN_CHUNK) {
             columns<COLUMN_CHUNK, V>(w, a, b, j0, acc);
@@ -805,6 +818,7 @@ struct IQ4_XS : KTraits<block_iq4_xs, K4PackedT, IQ4_XS_ROWWISE_MAX>, FinishWith
         const int8_t * p[RN];
         typename V::I isum[RN];
         start_columns<V>(a, b, j0, p, isum);
+#if DFLASH_CPU_GEMM_VNNI
         for (int g = 0; g < GROUPS; ++g) {
             add_scaled_dots<RN, 8, 255, V>(isum, w.q[g], p, 32 * g, w.sc[g], w.sc[g]);
         }
@@ -813,8 +827,22 @@ struct IQ4_XS : KTraits<block_iq4_xs, K4PackedT, IQ4_XS_ROWWISE_MAX>, FinishWith
             const typename V::I offset = group_sums_times<V>(w.m_pair, c);   // / 128 of the v + 128 term
             acc[j] = finish<V>(V::sub(isum[j], V::template slli<7>(offset)), V::zero(), w.rs, c, acc[j]);
         }
-    }
+#else
+        // column after column, as add_scaled_dots: each dot step's pairs |v| * (+-p) fill int16 (2 * 127 * 127), so
+        // every step is scaled and widened by its own madd
+        for (int j = 0; j < RN; ++j) {
+            for (int g = 0; g < GROUPS; ++g) {
+                const __m256i sc16 = pair16<V>(w.sc[g], w.sc[g]);
+                for (int k = 0; k < 8; ++k) {
+                    const __m256i pk = _mm256_set1_epi32((int) load_u32(p[j] + 32 * g + 4 * k));
+                    const __m256i pairs = _mm256_maddubs_epi16(w.q[g][k], _mm256_sign_epi8(pk, w.v[g][k]));
+                    isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(pairs, sc16));
+                }
+            }
+            acc[j] = finish<V>(isum[j], V::zero(), w.rs, *a.scales(b, j0 + j), acc[j]);
+        }
 #endif
+    }
 
     template <int RN>
     static DFLASH_INLINE void row_sums(const block_iq4_xs & x, const int8_t * const (&p)[RN],

@@ -40,7 +40,6 @@ struct WithMin32 : Format32<Self, WeightBlock, block_q8_1, QMAX, true> {
 };
 
 struct Q4_1 : WithMin32<Q4_1, block_q4_1, 15> {
-
     // Block b of a tile, transposed into lanes (see PackedBlock).
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
         if (t.interleaved) {     // word 0 of the 8 rows (d, then m), then their nibbles (interleaved_nibbles)
