@@ -252,6 +252,16 @@ DFLASH_INLINE typename V::I moved_bit(typename V::I h, int g) {
     return V::and_(moved, V::set1_8(1 << TO));
 }
 
+// The float steps of the formats with a min term (Q4_K, Q5_K, Q2_K): acc += isum * (d * d_a), then
+// acc += msum * (-dmin * d_a)
+struct FinishWithMin {
+    template <class V = V8>
+    static DFLASH_INLINE typename V::F finish(typename V::I isum, typename V::I msum, const KRowScalesT<V> & rs,
+                                              const KScale & c, typename V::F acc) {
+        return finish_k<true, V>(isum, msum, rs, c, acc);
+    }
+};
+
 // The float steps of the formats without a min term (Q6_K, Q3_K, IQ4_XS): acc += isum * (d * d_a), d the fp16
 // that Block keeps as `d`
 template <typename Block>
@@ -296,17 +306,12 @@ struct KTraits {
 // (16384 x 1024 weights, 1 thread, in-process A/B: Q4_K 0.84x / 0.66x the row-major time at B = 2 / 3 on
 // AVX-512, 0.75x / 0.63x on AVX2; Q5_K 0.80-0.91x)
 template <class Self, typename WeightBlock, int QMAX>
-struct K4Format : KTraits<WeightBlock, K4PackedT, 1> {
+struct K4Format : KTraits<WeightBlock, K4PackedT, 1>, FinishWithMin {
     using Block = WeightBlock;
     static DFLASH_INLINE float finish_row(const Block & x, int32_t isum, int32_t msum, const KScale & c, float acc) {
         ggml_half d[2];   // d, dmin: the two fp16 that open the block
         memcpy(d, &x, sizeof d);
         return finish_k_row<true>(isum, msum, d[0], d[1], c, acc);
-    }
-    template <class V = V8>
-    static DFLASH_INLINE typename V::F finish(typename V::I isum, typename V::I msum, const KRowScalesT<V> & rs,
-                                              const KScale & c, typename V::F acc) {
-        return finish_k<true, V>(isum, msum, rs, c, acc);
     }
 
     // acc[j] += the block's integer sums of column j0 + j (isum[j], and the mins' term) in float
@@ -681,7 +686,7 @@ struct K2PackedT : K6PackedT<V> {
 using K2Packed = K2PackedT<V8>;
 
 // Every width takes the transposed tile, as Q3_K
-struct Q2_K : KTraits<block_q2_K, K2PackedT, 0> {
+struct Q2_K : KTraits<block_q2_K, K2PackedT, 0>, FinishWithMin {
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, K2Packed & out) {
         using V = V8;
         using I = typename V::I;
@@ -717,12 +722,6 @@ struct Q2_K : KTraits<block_q2_K, K2PackedT, 0> {
         // d, dmin: the two fp16 that close the block
         constexpr size_t d_at = sizeof(block_q2_K) - 2 * sizeof(ggml_half);
         out.rs = KRowScalesT<V>{r.lanes_f16(d_at), V::neg(r.lanes_f16(d_at + sizeof(ggml_half)))};
-    }
-
-    template <class V = V8>
-    static DFLASH_INLINE typename V::F finish(typename V::I isum, typename V::I msum, const KRowScalesT<V> & rs,
-                                              const KScale & c, typename V::F acc) {
-        return finish_k<true, V>(isum, msum, rs, c, acc);
     }
 
     // every column of one unpacked block: isum = sum_h sc_h * sum(q * p), msum = sum_h m_h * sum(p)
