@@ -20,7 +20,7 @@ from dflash_gguf.native.lib import libname
 from lab.matmul_probe import GGML_TYPES, MatmulProbe
 
 BATCHES = list(range(1, 17)) + [40]
-BLOCKS_OF_32 = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl")    # blocks of 32 weights; the others are K-quants (256)
+BLOCKS_OF_32 = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl")   # blocks of 32 weights; the K-quants' of 256
 SCALE_FIRST = ("q4_0", "q5_0", "q8_0", "iq4_nl")    # one fp16 scale, then whole words: the 8 rows' scales lead
 SCALE_LAST = ("q6_k", "q3_k")                       # whole words, then one fp16 scale: the 8 rows' scales close
 WITH_VNNI = ("q6_k",)          # interleaved at load only where VNNI runs (AVX2 keeps them in ggml's layout)

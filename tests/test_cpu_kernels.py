@@ -1,10 +1,10 @@
 """Our CPU kernels (ggml-kernels/cpu, wired in by patches/0003) against references, through ggml itself.
 
-Every product runs as a ggml MUL_MAT in `ggml_graph_compute`, i.e. through the dispatch a model's
-decode uses. Random Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, F16, BF16 and F32 weights
-(quantized by ggml) times random activations of B = 1..16 columns and one wide batch, for shapes whose rows are not a
-multiple of the tiles and K from 32 to 1536, on every instruction-set variant this CPU runs (an AVX-512 machine runs
-the AVX2 variant too):
+Every product runs as a ggml MUL_MAT in `ggml_graph_compute`, i.e. through the dispatch a model's decode uses.
+Random Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, F16, BF16 and F32 weights
+(quantized by ggml) times random activations of B = 1..16 columns and one wide batch, for shapes whose rows are not
+a multiple of the tiles and K from 32 to 1536, on every instruction-set variant this CPU runs (an AVX-512 machine
+runs the AVX2 variant too):
 - against float64 products of the dequantized weights: normalized MSE within test-backend-ops' 5e-4
   (what remains is the 8-bit rounding of the activations, ~3e-5);
 - against ggml's stock path (`use_ref`: vec_dot / tinyBLAS): the same integer arithmetic for the
@@ -36,7 +36,7 @@ NMSE_VS_F32 = 5e-4                      # test-backend-ops' MUL_MAT tolerance
 QUANTIZED = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"]
 TYPES = QUANTIZED + ["f16", "bf16", "f32"]
 NMSE_VS_STOCK = {t: 1e-9 for t in QUANTIZED} | {"f16": 1e-5, "bf16": 1e-4, "f32": 1e-9}
-K_TILED = {"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"}       # the AVX-512 variant may step their tiles two at a time
+K_TILED = {"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"}   # the AVX-512 variant may step their tiles in pairs
 # weights per block (32 for the rest)
 BLOCK = {"q2_k": 256, "q3_k": 256, "q4_k": 256, "q5_k": 256, "q6_k": 256, "iq4_xs": 256, "f16": 1, "bf16": 1, "f32": 1}
 # (n_rows, k, threads): rows not a multiple of the 8-row tiles, one and several blocks per row

@@ -1,12 +1,12 @@
 """Batch invariance of a whole target on the CPU, bit for bit: the logits of row i of a verify batch of B = 2..16
 tokens equal those of the same token decoded alone, for the embedded SmolLM2 at each precision (Q4_1 with its Q8_0
-output head, F16, BF16, F32, Q4_0, Q5_1, Q4_K_M, IQ4_NL, IQ4_XS), for Gemma 3 270M Q4_K_M and for a tiny random Qwen3 at
-Q3_K_M (17 of its matrices Q3_K) and at Q2_K; F16 / F32 / Q8_0 KV caches; a short context and one past 512 cells (where ggml's
-CPU flash attention used to split a single row's KV over threads); at one thread as well, where our flash attention
-gives a unit of work all of SmolLM2's 3 K/V heads up to B = 7 and one K/V head from B = 8, so rows taken both ways
-are compared; and the same logits at 1, 2 and 3 threads past several of flash attention's chunks of positions, which
-the threads split between them where a row's heads are too few to keep them busy. This is what makes greedy
-speculative decoding equal plain decoding on every x86 CPU, not only mostly."""
+output head, F16, BF16, F32, Q4_0, Q5_1, Q4_K_M, IQ4_NL, IQ4_XS), for Gemma 3 270M Q4_K_M and for a tiny random
+Qwen3 at Q3_K_M (17 of its matrices Q3_K) and at Q2_K; F16 / F32 / Q8_0 KV caches; a short context and one past 512
+cells (where ggml's CPU flash attention used to split a single row's KV over threads); at one thread as well, where
+our flash attention gives a unit of work all of SmolLM2's 3 K/V heads up to B = 7 and one K/V head from B = 8, so
+rows taken both ways are compared; and the same logits at 1, 2 and 3 threads past several of flash attention's
+chunks of positions, which the threads split between them where a row's heads are too few to keep them busy. This is
+what makes greedy speculative decoding equal plain decoding on every x86 CPU, not only mostly."""
 
 from pathlib import Path
 

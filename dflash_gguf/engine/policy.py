@@ -292,15 +292,35 @@ class CostCache:
             return None
 
     def put(self, key: str, curve: CostCurve) -> None:
+        self._update(lambda data: data.__setitem__(key, curve.to_json()))
+
+    def drop(self, key: str) -> None:
+        """Forget the curve of `key`: the next engine with that key measures it again."""
+        self._update(lambda data: data.pop(key, None))
+
+    def _update(self, change: Callable[[dict], object]) -> None:
         try:
             data = json.loads(self.path.read_text())
         except (FileNotFoundError, ValueError):
             data = {}
-        data[key] = curve.to_json()
+        change(data)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(self.path)
+
+
+# How far the t(1) the loop measures may move from a cached curve's before the curve counts as timed in another state
+# of the machine. Its scale follows t(1) (CostCurve.rescale), its shape does not: a curve timed while another process
+# held one of two cores read 3.15 s a SmolLM2 token (3-8 ms quiet) with verifies of 2 and 33 rows at 1.00 and 0.96 t(1),
+# which priced every verify as free (2026-12-06). A shared CPU moves t(1) 2-2.5x within minutes (rescale's docstring).
+STALE_CALIBRATION = 4.0
+
+
+def calibration_is_stale(calibrated_t1: float, live_t1: float) -> bool:
+    """Whether a cost curve calibrated at t(1) = calibrated_t1 no longer describes a machine decoding at live_t1."""
+    ratio = live_t1 / calibrated_t1
+    return not 1 / STALE_CALIBRATION < ratio < STALE_CALIBRATION
 
 
 @dataclass

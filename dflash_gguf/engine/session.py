@@ -16,7 +16,7 @@ from ..target_file import TargetFile
 from . import prefix
 from .confidence import ConfidenceCalibration
 from .loop import GenerationResult, SpecDecoder, TokenCallback
-from .policy import CostCache, CostCurve, DraftLengthPolicy, measure_cost_curve
+from .policy import CostCache, CostCurve, DraftLengthPolicy, calibration_is_stale, measure_cost_curve
 from .sampling import SamplingParams
 from .sources import open_drafter
 from .sources.corpus import Corpus
@@ -100,6 +100,7 @@ class Engine:
             window = s.draft_ctx if s.draft_ctx and s.draft_ctx < s.n_ctx else None
             self.drafter = open_drafter(self.drafter_model, self.target.ctx, dctx, self.target_model, window=window)
         self.cost: CostCurve | None = None
+        self._calibration: tuple[str, float] | None = None    # the cached curve's key and t(1), while unchecked
         if speculative and s.adaptive and calibrate is not False:
             self.cost = self._cost_curve()
             if self.drafter is not None:
@@ -184,12 +185,15 @@ class Engine:
             if decoder.drafter is not None:
                 result = decoder.generate(list(prompt), max_tokens, sampling, on_tokens, n_cached=n_cached)
                 self._drafter_in_step = True
-                return result
-            self._drafter_in_step = self.drafter is None          # a decoder without the drafter does not feed it
-            return self._generate_without_drafter(decoder, list(prompt), max_tokens, sampling, on_tokens, n_cached)
+            else:
+                self._drafter_in_step = self.drafter is None      # a decoder without the drafter does not feed it
+                result = self._generate_without_drafter(decoder, list(prompt), max_tokens, sampling, on_tokens,
+                                                        n_cached)
         except BaseException:
             self.forget()             # a decode that failed half-way leaves no cache worth reusing
             raise
+        self._drop_stale_calibration()
+        return result
 
     def _decoder_for(self, speculative: bool, source: str | None = None) -> SpecDecoder:
         """The decoder a generation runs: plain, the settings' draft source, or `source`."""
@@ -281,7 +285,23 @@ class Engine:
         if curve is None:
             curve = self.measure_cost_curve()
             cache.put(key, curve)
+        self._calibration = (key, curve.t1())
         return curve
+
+    def _drop_stale_calibration(self) -> None:
+        """Forget the cached curve once the t(1) the loop measures says it was timed in another state of the machine
+        (policy.calibration_is_stale): the next start measures it again."""
+        if self._calibration is None or self.cost is None:
+            return
+        key, calibrated = self._calibration
+        live = self.cost.t1()
+        if calibration_is_stale(calibrated, live):
+            import sys  # noqa: PLC0415
+            CostCache(cache_root() / "cost-curves.json").drop(key)
+            self._calibration = None
+            print(f"note: the cached verify-cost curve of {self.target_model.path.name} was timed at "
+                  f"{calibrated * 1e3:.3g} ms a token, decoding takes {live * 1e3:.3g} ms now: it is measured "
+                  "again at the next start", file=sys.stderr)
 
     def measure_cost_curve(self, sizes: Sequence[int] | None = None) -> CostCurve:
         """Time target decodes of B rows and draft calls after a fixed context, interleaved as the loop runs
