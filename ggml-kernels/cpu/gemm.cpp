@@ -193,13 +193,26 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
 
 extern "C" bool dflash_cpu_interleave_wanted(enum ggml_type type, int64_t n_rows) {
     const int isa = current_isa();
-    // Q6_K where VNNI runs its dot steps: without it one column read ggml's layout faster (gemm.h)
-    const bool q6_k = type == GGML_TYPE_Q6_K && (isa == ISA_AVX512 || isa == ISA_AVXVNNI);
-    return (type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q3_K || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K ||
-            q6_k || type == GGML_TYPE_Q4_0 ||
-            type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1 || type == GGML_TYPE_Q8_0 ||
-            type == GGML_TYPE_IQ4_NL) &&
-           n_rows > 0 && n_rows % 8 == 0 && isa != ISA_NONE;
+    if (n_rows <= 0 || n_rows % 8 != 0 || isa == ISA_NONE) {
+        return false;
+    }
+    switch (type) {
+        case GGML_TYPE_Q4_0:
+        case GGML_TYPE_Q4_1:
+        case GGML_TYPE_Q5_0:
+        case GGML_TYPE_Q5_1:
+        case GGML_TYPE_Q8_0:
+        case GGML_TYPE_IQ4_NL:
+        case GGML_TYPE_Q2_K:
+        case GGML_TYPE_Q3_K:
+        case GGML_TYPE_Q4_K:
+        case GGML_TYPE_Q5_K:
+            return true;
+        case GGML_TYPE_Q6_K:   // where VNNI runs its dot steps: without it one column read ggml's layout faster (gemm.h)
+            return isa == ISA_AVX512 || isa == ISA_AVXVNNI;
+        default:
+            return false;
+    }
 }
 
 namespace {

@@ -622,10 +622,16 @@ struct Q6_K : KTraits<block_q6_K, K6PackedT, Q6_K_ROWWISE_MAX>, FinishWithoutMin
 // four in nibble v / 16 / 8 of scales[v / 16 % 8], the high two in bits 2 (v / 16 / 4) of scales[8 + v / 16 % 4].
 // The same scheme as Q6_K (halves of 16, the offset term by int16 pairs of scales), with q in 0..7 and offset 4.
 
+// bits 2j, 2j + 1 of each qs byte of a half: the quants of its group j (Q2_K), their two low bits (Q3_K)
+template <class V = V8>
+DFLASH_INLINE typename V::I two_bits(typename V::I qs, int j) {
+    return V::and_(V::srli16(qs, 2 * j), V::set1_8(0x03));
+}
+
 // the 3-bit quants of group 4n + j from the qs bytes of half n and the hmask bytes (either layout, any width)
 template <class V = V8>
 DFLASH_INLINE typename V::I q3_group(typename V::I qs, typename V::I hm, int n, int j) {
-    return V::or_(V::and_(V::srli16(qs, 2 * j), V::set1_8(0x03)), moved_bit<2, V>(hm, 4 * n + j));
+    return V::or_(two_bits<V>(qs, j), moved_bit<2, V>(hm, 4 * n + j));
 }
 
 // Every width takes the transposed tile: ggml's layout read row by row took 1.7x its time at one column (2048 x
@@ -696,7 +702,7 @@ struct Q2_K : KTraits<block_q2_K, K2PackedT, 0>, FinishWithMin {
             r.transposed(offsetof(block_q2_K, qs) + 32 * n, qs);
             for (int j = 0; j < 4; ++j) {
                 for (int k = 0; k < TILE_ROWS; ++k) {
-                    out.q[4 * n + j][k] = V::and_(V::srli16(qs[k], 2 * j), V::set1_8(0x03));
+                    out.q[4 * n + j][k] = two_bits<V>(qs[k], j);
                 }
             }
         }
@@ -790,9 +796,11 @@ struct IQ4_XS : KTraits<block_iq4_xs, IQ4XSPackedT, IQ4_XS_ROWWISE_MAX>, FinishW
             const __m256i hi2 = V::and_(V::srli32(head, 16 + 2 * g), V::set1(3));
             out.sc[g] = V::sub(V::or_(lo4, V::slli32(hi2, 4)), V::set1(32));
         }
-        for (int k = 0; k < GROUPS / 2; ++k) {
+#if DFLASH_CPU_GEMM_VNNI
+        for (int k = 0; k < GROUPS / 2; ++k) {   // the v + 128 term's scales (columns)
             out.m_pair[k] = pair16<V>(out.sc[2 * k], out.sc[2 * k + 1]);
         }
+#endif
         out.rs = KRowScalesT<V>{r.lanes_f16(0), V::zerof()};
     }
 
@@ -829,13 +837,16 @@ struct IQ4_XS : KTraits<block_iq4_xs, IQ4XSPackedT, IQ4_XS_ROWWISE_MAX>, FinishW
 #else
         // column after column, as add_scaled_dots: each dot step's pairs |v| * (+-p) fill int16 (2 * 127 * 127), so
         // every step is scaled and widened by its own madd
+        __m256i sc16[GROUPS];   // each group's scale as int16 in both halves of a lane
+        for (int g = 0; g < GROUPS; ++g) {
+            sc16[g] = pair16<V>(w.sc[g], w.sc[g]);
+        }
         for (int j = 0; j < RN; ++j) {
             for (int g = 0; g < GROUPS; ++g) {
-                const __m256i sc16 = pair16<V>(w.sc[g], w.sc[g]);
                 for (int k = 0; k < 8; ++k) {
                     const __m256i pk = _mm256_set1_epi32((int) load_u32(p[j] + 32 * g + 4 * k));
                     const __m256i pairs = _mm256_maddubs_epi16(w.q[g][k], _mm256_sign_epi8(pk, w.v[g][k]));
-                    isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(pairs, sc16));
+                    isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(pairs, sc16[g]));
                 }
             }
             acc[j] = finish<V>(isum[j], V::zero(), w.rs, *a.scales(b, j0 + j), acc[j]);
