@@ -9,7 +9,7 @@ from ..errors import UserError
 
 # llama_ftype values (include/llama.h)
 FTYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10, "q3_k_m": 12,
-          "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18, "iq4_nl": 25, "iq4_xs": 30, "bf16": 32}
+          "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18, "iq4_nl": 25, "iq3_s": 26, "iq4_xs": 30, "bf16": 32}
 
 
 def llama_quantize(src: Path, dst: Path, ftype: str, *, allow_requantize: bool = False, n_threads: int = 0) -> Path:

@@ -137,6 +137,8 @@ extern "C" bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols) {
         case GGML_TYPE_Q3_K:
         case GGML_TYPE_Q2_K:
         case GGML_TYPE_IQ4_XS:
+        case GGML_TYPE_IQ3_XXS:
+        case GGML_TYPE_IQ3_S:
             return true;
         default:
             return false;
@@ -182,6 +184,8 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q3_K, gemm_q3_k)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q2_K, gemm_q2_k)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ4_XS, gemm_iq4_xs)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ3_XXS, gemm_iq3_xxs)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ3_S, gemm_iq3_s)
         default:
             return false;
     }

@@ -1,0 +1,272 @@
+// dflash-gguf: IQ4_XS and the lattice formats IQ3_XXS and IQ3_S weights x Q8_K activations (see tile_gemm.h,
+// kquant.h).
+//
+// All three hold, per super-block of 256 weights, 8 groups of 32 signed values v scaled per group by an integer:
+//   w = d * sc_g * v      (IQ3_XXS: w = d / 4 * sc_g * v)
+// Per row, super-block and column one exact integer isum = sum_g sc_g * sum(v * p), then one float step:
+// acc += isum * (d * d_a). The transposed tile (lanes = rows) keeps with VNNI v + 128 for its unsigned x signed steps
+// and subtracts 128 * sum_g sc_g * sum(p); without VNNI (v + 128 would overflow AVX2's int16 pairs) |v| and v's
+// sign, maddubs(|v|, sign(p, v)). The same integers at every width: a verify row equals the token decoded alone.
+
+#define GGML_COMMON_IMPL_CPP   // ggml's grids and sign tables (ggml-common.h), read by the lattice formats
+#include "kquant.h"
+
+namespace dflash_cpu {
+namespace DFLASH_CPU_VARIANT {
+
+#if DFLASH_CPU_GEMM_X86
+
+namespace {
+
+// A transposed block of signed values, lanes = rows: with VNNI q[g][k] the group's values 4k..4k+3 plus 128 and
+// m_pair the scales of groups 2k, 2k + 1 as two int16 (for the 128 * sum(p) term); without, q the values'
+// magnitudes and v their signs (any byte of the value's sign: sign(p, v) takes only that)
+#if DFLASH_CPU_GEMM_VNNI
+template <class V>
+using SignedPackedT = K4PackedT<V>;
+#else
+template <class V>
+struct SignedPackedT : K4PackedT<V> {
+    typename V::I v[GROUPS][8];
+};
+#endif
+
+// What the formats of signed values share: the transposed tile's parts and its column steps. Self::unpack fills
+// sc (the integer group scales) and each part through lane_signed_values or lane_lattice_values, then finish_unpack.
+template <class Self, typename WeightBlock, int64_t ROWWISE>
+struct SignedGroups : KTraits<WeightBlock, SignedPackedT, ROWWISE>, FinishWithoutMin<WeightBlock> {
+    using Packed = SignedPackedT<V8>;
+    using Finish = FinishWithoutMin<WeightBlock>;
+
+    // part k of group g from signed values v (|v| <= 127)
+    static DFLASH_INLINE void lane_signed_values(Packed & out, int g, int k, __m256i v) {
+#if DFLASH_CPU_GEMM_VNNI
+        out.q[g][k] = _mm256_xor_si256(v, _mm256_set1_epi8((char) 0x80));
+#else
+        out.q[g][k] = _mm256_abs_epi8(v);
+        out.v[g][k] = v;
+#endif
+    }
+
+    // part k of group g from magnitudes (a lattice point's bytes, 1..127) and the bytes that are negative (0xFF)
+    static DFLASH_INLINE void lane_lattice_values(Packed & out, int g, int k, __m256i magnitude, __m256i negative) {
+#if DFLASH_CPU_GEMM_VNNI
+        const __m256i v = _mm256_sub_epi8(_mm256_xor_si256(magnitude, negative), negative);
+        out.q[g][k] = _mm256_xor_si256(v, _mm256_set1_epi8((char) 0x80));
+#else
+        out.q[g][k] = magnitude;
+        out.v[g][k] = _mm256_or_si256(negative, _mm256_set1_epi8(1));
+#endif
+    }
+
+    // the rows' d (lanes) and, with VNNI, the v + 128 term's scale pairs
+    static DFLASH_INLINE void finish_unpack(Packed & out, __m256 d) {
+        using V = V8;
+#if DFLASH_CPU_GEMM_VNNI
+        for (int k = 0; k < GROUPS / 2; ++k) {
+            out.m_pair[k] = pair16<V>(out.sc[2 * k], out.sc[2 * k + 1]);
+        }
+#endif
+        out.rs = KRowScalesT<V>{d, V::zerof()};
+    }
+
+    template <int RN, class V>
+    static DFLASH_INLINE void columns(const SignedPackedT<V> & w, const Activations<Self> & a, int64_t b, int64_t j0,
+                                      typename V::F * acc) {
+        if constexpr (RN > COLUMN_CHUNK) {
+            columns<COLUMN_CHUNK, V>(w, a, b, j0, acc);
+            columns<RN - COLUMN_CHUNK, V>(w, a, b, j0 + COLUMN_CHUNK, acc + COLUMN_CHUNK);
+            return;
+        }
+        const int8_t * p[RN];
+        typename V::I isum[RN];
+        start_columns<V>(a, b, j0, p, isum);
+#if DFLASH_CPU_GEMM_VNNI
+        for (int g = 0; g < GROUPS; ++g) {
+            add_scaled_dots<RN, 8, 255, V>(isum, w.q[g], p, 32 * g, w.sc[g], w.sc[g]);
+        }
+        for (int j = 0; j < RN; ++j) {
+            const KScale & c = *a.scales(b, j0 + j);
+            const typename V::I offset = group_sums_times<V>(w.m_pair, c);   // / 128 of the v + 128 term
+            acc[j] = Finish::template finish<V>(V::sub(isum[j], V::template slli<7>(offset)), V::zero(), w.rs, c, acc[j]);
+        }
+#else
+        // column after column, as add_scaled_dots: each dot step's pairs |v| * (+-p) fill int16 (2 * 127 * 127), so
+        // every step is scaled and widened by its own madd
+        __m256i sc16[GROUPS];   // each group's scale as int16 in both halves of a lane
+        for (int g = 0; g < GROUPS; ++g) {
+            sc16[g] = pair16<V>(w.sc[g], w.sc[g]);
+        }
+        for (int j = 0; j < RN; ++j) {
+            for (int g = 0; g < GROUPS; ++g) {
+                for (int k = 0; k < 8; ++k) {
+                    const __m256i pk = _mm256_set1_epi32((int) load_u32(p[j] + 32 * g + 4 * k));
+                    const __m256i pairs = _mm256_maddubs_epi16(w.q[g][k], _mm256_sign_epi8(pk, w.v[g][k]));
+                    isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(pairs, sc16[g]));
+                }
+            }
+            acc[j] = Finish::template finish<V>(isum[j], V::zero(), w.rs, *a.scales(b, j0 + j), acc[j]);
+        }
+#endif
+    }
+};
+
+// ---- IQ4_XS ----
+// ggml's dequantize_row_iq4_xs: w = d * (ls_g - 32) * kvalues_iq4nl[q] with q a nibble (group g: bytes 16g..16g+15 of
+// qs, low nibbles its values 0..15, high ones 16..31, as IQ4_NL) and ls_g six bits: the low four in nibble g of
+// scales_l, the high two in bits 2g, 2g + 1 of scales_h (|isum| < 2^28). One column row-major takes
+// maddubs(|v|, sign(p, v)) on every ISA.
+
+DFLASH_INLINE __m256i iq4_values(__m256i nibbles) {
+    const __m256i table = _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+                                           -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+    return _mm256_shuffle_epi8(table, nibbles);
+}
+
+// ls_g - 32 of one row's super-block
+DFLASH_INLINE int iq4_xs_scale(const block_iq4_xs & x, int g) {
+    const int low = (x.scales_l[g / 2] >> (4 * (g % 2))) & 0xF;
+    const int high = (x.scales_h >> (2 * g)) & 3;
+    return (low | (high << 4)) - 32;
+}
+
+// One column row-major (ggml's layout; the transposed tile from 2)
+constexpr int64_t IQ4_XS_ROWWISE_MAX = 1;
+
+struct IQ4_XS : SignedGroups<IQ4_XS, block_iq4_xs, IQ4_XS_ROWWISE_MAX> {
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, Packed & out) {
+        using V = V8;
+        const TileRows<block_iq4_xs> r(t, b);
+        const __m256i low4 = _mm256_set1_epi8(0x0F);
+        for (int g = 0; g < GROUPS; ++g) {
+            __m256i n[4];
+            load_transposed16(r.r, offsetof(block_iq4_xs, qs) + 16 * g, n);
+            for (int k = 0; k < 4; ++k) {
+                lane_signed_values(out, g, k, iq4_values(_mm256_and_si256(n[k], low4)));
+                lane_signed_values(out, g, k + 4, iq4_values(_mm256_and_si256(_mm256_srli_epi16(n[k], 4), low4)));
+            }
+        }
+        const __m256i head = r.lanes_u32(0);                                        // d, scales_h
+        const __m256i low = r.lanes_u32(offsetof(block_iq4_xs, scales_l));         // nibble g: low bits of ls_g
+        for (int g = 0; g < GROUPS; ++g) {
+            const __m256i lo4 = V::and_(V::srli32(low, 4 * g), V::set1(0xF));
+            const __m256i hi2 = V::and_(V::srli32(head, 16 + 2 * g), V::set1(3));
+            out.sc[g] = V::sub(V::or_(lo4, V::slli32(hi2, 4)), V::set1(32));
+        }
+        finish_unpack(out, r.lanes_f16(0));
+    }
+
+    template <int RN>
+    static DFLASH_INLINE void row_sums(const block_iq4_xs & x, const int8_t * const (&p)[RN],
+                                       const KScale * const (&)[RN], int32_t (&isum)[RN], int32_t (&msum)[RN]) {
+        __m256i acc[RN];
+        for (int j = 0; j < RN; ++j) {
+            acc[j] = _mm256_setzero_si256();
+        }
+        for (int g = 0; g < GROUPS; ++g) {
+            const __m256i v = iq4_values(nibbles_in_order(x.qs + 16 * g));
+            const __m256i sc16 = _mm256_set1_epi16((short) iq4_xs_scale(x, g));
+            const __m256i magnitude = _mm256_abs_epi8(v);
+            for (int j = 0; j < RN; ++j) {
+                const __m256i pv = _mm256_loadu_si256((const __m256i *) (p[j] + 32 * g));
+                acc[j] = _mm256_add_epi32(acc[j],
+                                          _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(pv, v)), sc16));
+            }
+        }
+        for (int j = 0; j < RN; ++j) {
+            isum[j] = hsum_i32(acc[j]);
+            msum[j] = 0;
+        }
+    }
+};
+
+// ---- The lattice formats: IQ3_XXS and IQ3_S ----
+// Each 4 weights of a group are one point of a grid of unsigned bytes (ggml's iq3xxs_grid, iq3s_grid), indexed per
+// row; a tile's 8 rows take their points with one gather. Every weight has a sign bit: IQ3_S stores them, IQ3_XXS
+// stores 7 per 8 weights (ggml's ksigns_iq2xs: the eighth makes their count even). The transposed tile at every
+// width (ROWWISE 0): a lone column's points would be gathered as many times either way.
+
+// byte 0 of each lane (its signs of 8 values) as 4 byte masks: 0xFF where the value's bit is set, values 4h..4h+3
+DFLASH_INLINE __m256i negative_bytes(__m256i signs8, int h) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
+                                            0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+    const __m256i bit = h == 0 ? _mm256_set1_epi32(0x08040201) : _mm256_set1_epi32((int) 0x80402010);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(signs8, spread), bit), bit);
+}
+
+// ksigns_iq2xs of 7 sign bits per lane: bit 7 set where the seven have an odd count
+DFLASH_INLINE __m256i with_parity_bit(__m256i s7) {
+    __m256i x = _mm256_xor_si256(s7, _mm256_srli_epi32(s7, 4));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 2));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 1));
+    return _mm256_or_si256(s7, _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(1)), 7));
+}
+
+// the grid points of 8 rows, lanes = rows
+DFLASH_INLINE __m256i gather_points(const uint32_t * grid, __m256i index) {
+    return _mm256_i32gather_epi32((const int *) grid, index, 4);
+}
+
+// ggml's dequantize_row_iq3_xxs: group g's 8 grid indices in qs[8g..8g+7] (index i: values 4i..4i+3), then per group
+// a 32-bit word at qs[64 + 4g]: 7 sign bits of values 8m..8m+7 at bit 7m (m < 4), ls_g in the top 4 bits;
+// w = d * (0.5 + ls_g) * 0.5 * point * sign = d / 4 * (2 ls_g + 1) * point * sign, points in 4..62
+struct IQ3_XXS : SignedGroups<IQ3_XXS, block_iq3_xxs, 0> {
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, Packed & out) {
+        using V = V8;
+        const TileRows<block_iq3_xxs> r(t, b);
+        constexpr size_t QS = offsetof(block_iq3_xxs, qs);
+        for (int g = 0; g < GROUPS; ++g) {
+            const __m256i word = r.lanes_u32(QS + QK_K / 4 + 4 * g);
+            out.sc[g] = V::add(V::slli32(V::srli32(word, 28), 1), V::set1(1));
+            for (int half = 0; half < 2; ++half) {
+                const __m256i indices = r.lanes_u32(QS + 8 * g + 4 * half);
+                for (int m = 2 * half; m < 2 * half + 2; ++m) {
+                    const __m256i signs = with_parity_bit(V::and_(V::srli32(word, 7 * m), V::set1(127)));
+                    for (int h = 0; h < 2; ++h) {
+                        const int i = 2 * m + h;
+                        lane_lattice_values(out, g, i, gather_points(iq3xxs_grid, lane_byte<V>(indices, i % 4)),
+                                            negative_bytes(signs, h));
+                    }
+                }
+            }
+        }
+        finish_unpack(out, V::mul(r.lanes_f16(0), V::set1f(0.25f)));
+    }
+};
+
+// ggml's dequantize_row_iq3_s: group g's 8 grid indices in qs[8g..8g+7] with their ninth bits in qh[g] (bit i for
+// index i), the signs of values 8m..8m+7 in signs[4g + m], ls_g in nibble g of scales;
+// w = d * (1 + 2 ls_g) * point * sign, points in 1..15
+struct IQ3_S : SignedGroups<IQ3_S, block_iq3_s, 0> {
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, Packed & out) {
+        using V = V8;
+        const TileRows<block_iq3_s> r(t, b);
+        const __m256i scales = r.lanes_u32(offsetof(block_iq3_s, scales));
+        for (int g = 0; g < GROUPS; ++g) {
+            out.sc[g] = V::add(V::slli32(V::and_(V::srli32(scales, 4 * g), V::set1(15)), 1), V::set1(1));
+            const __m256i high = lane_byte<V>(r.lanes_u32(offsetof(block_iq3_s, qh) + 4 * (g / 4)), g % 4);
+            const __m256i signs = r.lanes_u32(offsetof(block_iq3_s, signs) + 4 * g);
+            for (int half = 0; half < 2; ++half) {
+                const __m256i indices = r.lanes_u32(offsetof(block_iq3_s, qs) + 8 * g + 4 * half);
+                for (int j = 0; j < 4; ++j) {
+                    const int i = 4 * half + j;
+                    const __m256i ninth = V::slli32(V::and_(V::srli32(high, i), V::set1(1)), 8);
+                    lane_lattice_values(out, g, i, gather_points(iq3s_grid, V::or_(lane_byte<V>(indices, j), ninth)),
+                                        negative_bytes(lane_byte<V>(signs, i / 2), i % 2));
+                }
+            }
+        }
+        finish_unpack(out, r.lanes_f16(0));
+    }
+};
+
+}  // namespace
+
+#endif  // DFLASH_CPU_GEMM_X86
+
+DFLASH_CPU_GEMM_ENTRY(gemm_iq4_xs, IQ4_XS)
+DFLASH_CPU_GEMM_ENTRY(gemm_iq3_xxs, IQ3_XXS)
+DFLASH_CPU_GEMM_ENTRY(gemm_iq3_s, IQ3_S)
+
+}  // namespace DFLASH_CPU_VARIANT
+}  // namespace dflash_cpu
