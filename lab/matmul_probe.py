@@ -16,8 +16,8 @@ import numpy as np
 from dflash_gguf.native.lib import NativeLibrary, bind, libname
 
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
-              "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq3_xxs": 18, "iq4_nl": 20, "iq3_s": 21,
-              "iq2_s": 22, "iq4_xs": 23, "iq1_m": 29, "bf16": 30}
+              "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq2_xxs": 16, "iq2_xs": 17, "iq3_xxs": 18,
+              "iq1_s": 19, "iq4_nl": 20, "iq3_s": 21, "iq2_s": 22, "iq4_xs": 23, "iq1_m": 29, "bf16": 30}
 
 _P, _S, _I64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64
 
@@ -42,6 +42,7 @@ _BASE = {
     "ggml_nbytes": ([_P], _S),
     "ggml_row_size": ([ctypes.c_int, _I64], _S),
     "ggml_quantize_chunk": ([ctypes.c_int, _P, _P, _I64, _I64, _I64, _P], _S),
+    "ggml_quantize_requires_imatrix": ([ctypes.c_int], ctypes.c_bool),
 }
 _CPU = {
     "ggml_cpu_init": ([], None),
@@ -96,7 +97,10 @@ class MatmulProbe:
         """ggml's own quantization of float32 [n_rows, k] to the weight type: uint8 [n_rows, row_bytes]."""
         w = np.ascontiguousarray(w, dtype=np.float32)
         out = np.empty((w.shape[0], self.row_bytes(w.shape[1])), np.uint8)
-        self.base.ggml_quantize_chunk(self.type, w.ctypes.data, out.ctypes.data, 0, w.shape[0], w.shape[1], None)
+        # the types ggml will not quantize without an importance matrix get a flat one (every column alike)
+        imatrix = np.ones(w.shape[1], np.float32) if self.base.ggml_quantize_requires_imatrix(self.type) else None
+        self.base.ggml_quantize_chunk(self.type, w.ctypes.data, out.ctypes.data, 0, w.shape[0], w.shape[1],
+                                      None if imatrix is None else imatrix.ctypes.data)
         return out
 
     def set_weights(self, i: int, raw: np.ndarray) -> None:

@@ -1,8 +1,8 @@
 """Our CPU kernels (ggml-kernels/cpu, wired in by patches/0003) against references, through ggml itself.
 
 Every product runs as a ggml MUL_MAT in `ggml_graph_compute`, i.e. through the dispatch a model's decode uses.
-Random Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_XXS, IQ3_S, F16, BF16 and F32
-weights (quantized by ggml) times random activations of B = 1..16 columns and one wide batch, for shapes whose rows
+Random Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS,
+IQ2_S, F16, BF16 and F32 weights (quantized by ggml; the IQ2 types with a flat importance matrix) times random activations of B = 1..16 columns and one wide batch, for shapes whose rows
 are not a multiple of the tiles and K from 32 to 1536, on every instruction-set variant this CPU runs (an AVX-512 machine
 runs the AVX2 variant too):
 - against float64 products of the dequantized weights: normalized MSE within test-backend-ops' 5e-4
@@ -34,14 +34,13 @@ from lab.matmul_probe import MatmulProbe
 BATCHES = list(range(1, 17)) + [40]     # 40: wider than one pass on AVX2 and on AVX-512
 NMSE_VS_F32 = 5e-4                      # test-backend-ops' MUL_MAT tolerance
 QUANTIZED = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs",
-             "iq3_xxs", "iq3_s"]
+             "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s"]
 TYPES = QUANTIZED + ["f16", "bf16", "f32"]
 NMSE_VS_STOCK = {t: 1e-9 for t in QUANTIZED} | {"f16": 1e-5, "bf16": 1e-4, "f32": 1e-9}
 # the AVX-512 variant may step their tiles in pairs
-K_TILED = {"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs", "iq3_xxs", "iq3_s"}
+K_TILED = {"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s"}
 # weights per block (32 for the rest)
-BLOCK = {"q2_k": 256, "q3_k": 256, "q4_k": 256, "q5_k": 256, "q6_k": 256, "iq4_xs": 256, "iq3_xxs": 256, "iq3_s": 256,
-         "f16": 1, "bf16": 1, "f32": 1}
+BLOCK = {t: 256 for t in K_TILED} | {"f16": 1, "bf16": 1, "f32": 1}
 # (n_rows, k, threads): rows not a multiple of the 8-row tiles, one and several blocks per row
 # (40, 256, 1): one thread's chunk of whole tiles, so the AVX-512 variant steps K-quant tiles in pairs (two threads
 # claim chunks of one tile each in these small products)
@@ -193,9 +192,9 @@ def test_isa_none_is_ggmls_own_path(native, kernels, weight_type):
     probe.close()
 
 
-# Types our kernels do not cover (the IQ1/IQ2 lattice formats): ggml's own paths, kept width-independent by
+# Types our kernels do not cover (the IQ1 lattice formats): ggml's own paths, kept width-independent by
 # patches/0010 (here: its tiled K-quant matmul, which takes 8 columns and more in another order than vec_dot)
-UNCOVERED = ["iq2_s", "iq1_m"]
+UNCOVERED = ["iq1_s", "iq1_m"]
 
 
 @pytest.mark.parametrize("weight_type", UNCOVERED)

@@ -139,6 +139,9 @@ extern "C" bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols) {
         case GGML_TYPE_IQ4_XS:
         case GGML_TYPE_IQ3_XXS:
         case GGML_TYPE_IQ3_S:
+        case GGML_TYPE_IQ2_XXS:
+        case GGML_TYPE_IQ2_XS:
+        case GGML_TYPE_IQ2_S:
             return true;
         default:
             return false;
@@ -186,6 +189,9 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ4_XS, gemm_iq4_xs)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ3_XXS, gemm_iq3_xxs)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ3_S, gemm_iq3_s)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ2_XXS, gemm_iq2_xxs)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ2_XS, gemm_iq2_xs)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ2_S, gemm_iq2_s)
         default:
             return false;
     }

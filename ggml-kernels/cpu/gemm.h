@@ -5,7 +5,8 @@
 // every width of a covered type (one column too) to the same kernel family. So the logits of a row of
 // a verify batch equal, bit for bit, those of the same token decoded alone (tests/test_cpu_kernels.py,
 // tests/test_exactness.py). Covered: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS,
-// IQ3_XXS, IQ3_S (quantized activations, tile_gemm.h), F16, BF16, F32 (float_gemm.cpp). Other types take ggml's
+// IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S (quantized activations, tile_gemm.h), F16, BF16, F32 (float_gemm.cpp).
+// Other types (IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4, NVFP4) take ggml's
 // width-independent paths (dflash_cpu_batch_invariant).
 //
 // Speed: ggml-cpu multiplies Q4_1 weights by a separate vec_dot per (row, column) pair, decoding each

@@ -1,8 +1,8 @@
-// dflash-gguf: IQ4_XS and the lattice formats IQ3_XXS and IQ3_S weights x Q8_K activations (see tile_gemm.h,
-// kquant.h).
+// dflash-gguf: IQ4_XS and the lattice formats IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS and IQ2_S weights x Q8_K activations
+// (see tile_gemm.h, kquant.h).
 //
-// All three hold, per super-block of 256 weights, 8 groups of 32 signed values v scaled per group by an integer:
-//   w = d * sc_g * v      (IQ3_XXS: w = d / 4 * sc_g * v)
+// All hold, per super-block of 256 weights, 8 groups of 32 signed values v scaled per group by an integer:
+//   w = d * sc_g * v      (IQ3_XXS: w = d / 4 * sc_g * v; the IQ2 types: d / 8, IQ2_XS and IQ2_S a scale per 16)
 // Per row, super-block and column one exact integer isum = sum_g sc_g * sum(v * p), then one float step:
 // acc += isum * (d * d_a). The transposed tile (lanes = rows) keeps with VNNI v + 128 for its unsigned x signed steps
 // and subtracts 128 * sum_g sc_g * sum(p); without VNNI (v + 128 would overflow AVX2's int16 pairs) |v| and v's
@@ -31,11 +31,29 @@ struct SignedPackedT : K4PackedT<V> {
 };
 #endif
 
+// The same for formats with a scale per 16 values (IQ2_XS, IQ2_S): sc holds each group's first, sc_hi its second
+template <class V>
+struct HalvesPackedT : SignedPackedT<V> {
+    typename V::I sc_hi[GROUPS];
+#if DFLASH_CPU_GEMM_VNNI
+    typename V::I half_pair[GROUPS];   // sc[g], sc_hi[g] as two int16, against Q8_K's sums of 16
+#endif
+};
+
+template <bool HALVES>
+struct SignedPacked {
+    template <class V>
+    using T = std::conditional_t<HALVES, HalvesPackedT<V>, SignedPackedT<V>>;
+};
+
 // What the formats of signed values share: the transposed tile's parts and its column steps. Self::unpack fills
-// sc (the integer group scales) and each part through lane_signed_values or lane_lattice_values, then finish_unpack.
-template <class Self, typename WeightBlock, int64_t ROWWISE>
-struct SignedGroups : KTraits<WeightBlock, SignedPackedT, ROWWISE>, FinishWithoutMin<WeightBlock> {
-    using Packed = SignedPackedT<V8>;
+// the integer scales (sc, and sc_hi with HALVES) and each part through lane_signed_values or lane_lattice_values,
+// then finish_unpack.
+template <class Self, typename WeightBlock, int64_t ROWWISE, bool HALVES = false>
+struct SignedGroups : KTraits<WeightBlock, SignedPacked<HALVES>::template T, ROWWISE>, FinishWithoutMin<WeightBlock> {
+    template <class V>
+    using PackedV = typename SignedPacked<HALVES>::template T<V>;
+    using Packed = PackedV<V8>;
     using Finish = FinishWithoutMin<WeightBlock>;
 
     // part k of group g from signed values v (|v| <= 127)
@@ -63,15 +81,21 @@ struct SignedGroups : KTraits<WeightBlock, SignedPackedT, ROWWISE>, FinishWithou
     static DFLASH_INLINE void finish_unpack(Packed & out, __m256 d) {
         using V = V8;
 #if DFLASH_CPU_GEMM_VNNI
-        for (int k = 0; k < GROUPS / 2; ++k) {
-            out.m_pair[k] = pair16<V>(out.sc[2 * k], out.sc[2 * k + 1]);
+        if constexpr (HALVES) {
+            for (int g = 0; g < GROUPS; ++g) {
+                out.half_pair[g] = pair16<V>(out.sc[g], out.sc_hi[g]);
+            }
+        } else {
+            for (int k = 0; k < GROUPS / 2; ++k) {
+                out.m_pair[k] = pair16<V>(out.sc[2 * k], out.sc[2 * k + 1]);
+            }
         }
 #endif
         out.rs = KRowScalesT<V>{d, V::zerof()};
     }
 
     template <int RN, class V>
-    static DFLASH_INLINE void columns(const SignedPackedT<V> & w, const Activations<Self> & a, int64_t b, int64_t j0,
+    static DFLASH_INLINE void columns(const PackedV<V> & w, const Activations<Self> & a, int64_t b, int64_t j0,
                                       typename V::F * acc) {
         if constexpr (RN > COLUMN_CHUNK) {
             columns<COLUMN_CHUNK, V>(w, a, b, j0, acc);
@@ -83,26 +107,44 @@ struct SignedGroups : KTraits<WeightBlock, SignedPackedT, ROWWISE>, FinishWithou
         start_columns<V>(a, b, j0, p, isum);
 #if DFLASH_CPU_GEMM_VNNI
         for (int g = 0; g < GROUPS; ++g) {
-            add_scaled_dots<RN, 8, 255, V>(isum, w.q[g], p, 32 * g, w.sc[g], w.sc[g]);
+            if constexpr (HALVES) {
+                add_scaled_dots<RN, 4, 255, V>(isum, w.q[g], p, 32 * g, w.sc[g], w.sc[g]);
+                add_scaled_dots<RN, 4, 255, V>(isum, w.q[g] + 4, p, 32 * g + 16, w.sc_hi[g], w.sc_hi[g]);
+            } else {
+                add_scaled_dots<RN, 8, 255, V>(isum, w.q[g], p, 32 * g, w.sc[g], w.sc[g]);
+            }
         }
         for (int j = 0; j < RN; ++j) {
             const KScale & c = *a.scales(b, j0 + j);
-            const typename V::I offset = group_sums_times<V>(w.m_pair, c);   // / 128 of the v + 128 term
+            typename V::I offset;   // / 128 of the v + 128 term
+            if constexpr (HALVES) {
+                offset = V::zero();
+                for (int g = 0; g < GROUPS; ++g) {
+                    offset = V::add(offset, V::madd16(w.half_pair[g], V::set1((int) load_u32(c.bsums + 2 * g))));
+                }
+            } else {
+                offset = group_sums_times<V>(w.m_pair, c);
+            }
             acc[j] = Finish::template finish<V>(V::sub(isum[j], V::template slli<7>(offset)), V::zero(), w.rs, c, acc[j]);
         }
 #else
         // column after column, as add_scaled_dots: each dot step's pairs |v| * (+-p) fill int16 (2 * 127 * 127), so
         // every step is scaled and widened by its own madd
-        __m256i sc16[GROUPS];   // each group's scale as int16 in both halves of a lane
+        __m256i sc16[GROUPS][2];   // each group's scale (of each 16) as int16 in both halves of a lane
         for (int g = 0; g < GROUPS; ++g) {
-            sc16[g] = pair16<V>(w.sc[g], w.sc[g]);
+            sc16[g][0] = pair16<V>(w.sc[g], w.sc[g]);
+            if constexpr (HALVES) {
+                sc16[g][1] = pair16<V>(w.sc_hi[g], w.sc_hi[g]);
+            } else {
+                sc16[g][1] = sc16[g][0];
+            }
         }
         for (int j = 0; j < RN; ++j) {
             for (int g = 0; g < GROUPS; ++g) {
                 for (int k = 0; k < 8; ++k) {
                     const __m256i pk = _mm256_set1_epi32((int) load_u32(p[j] + 32 * g + 4 * k));
                     const __m256i pairs = _mm256_maddubs_epi16(w.q[g][k], _mm256_sign_epi8(pk, w.v[g][k]));
-                    isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(pairs, sc16[g]));
+                    isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(pairs, sc16[g][k / 4]));
                 }
             }
             acc[j] = Finish::template finish<V>(isum[j], V::zero(), w.rs, *a.scales(b, j0 + j), acc[j]);
@@ -260,6 +302,98 @@ struct IQ3_S : SignedGroups<IQ3_S, block_iq3_s, 0> {
     }
 };
 
+
+// ---- IQ2_XXS, IQ2_XS, IQ2_S ----
+// Grid points of 8 values (ggml's iq2xxs_grid, iq2xs_grid, iq2s_grid: bytes 8, 25, 43), read as two 4-byte halves:
+// point n's values 4h..4h+3 are the 32-bit word 2n + h. w = d * (0.5 + ls) * 0.25 * point * sign
+// = d / 8 * (2 ls + 1) * point * sign, one ls per group of 32 (IQ2_XXS) or per 16 (IQ2_XS, IQ2_S).
+
+// the half h of 8 rows' grid points n (lanes)
+DFLASH_INLINE __m256i gather_half_points(const uint64_t * grid, __m256i n, int h) {
+    return gather_points((const uint32_t *) grid, _mm256_add_epi32(_mm256_slli_epi32(n, 1), _mm256_set1_epi32(h)));
+}
+
+// 2 ls + 1 of the low (high) nibble of byte i of each lane
+DFLASH_INLINE __m256i odd_scale(__m256i word, int i, bool high) {
+    using V = V8;
+    const __m256i nibble = V::and_(V::srli32(word, 8 * i + (high ? 4 : 0)), V::set1(15));
+    return V::add(V::slli32(nibble, 1), V::set1(1));
+}
+
+// ggml's dequantize_row_iq2_xxs: per group g two 32-bit words at qs[8g]: the first 4 grid indices (index l: values
+// 8l..8l+7), the second 7 sign bits per index at bit 7l and ls_g in its top 4 bits
+struct IQ2_XXS : SignedGroups<IQ2_XXS, block_iq2_xxs, 0> {
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, Packed & out) {
+        using V = V8;
+        const TileRows<block_iq2_xxs> r(t, b);
+        constexpr size_t QS = offsetof(block_iq2_xxs, qs);
+        for (int g = 0; g < GROUPS; ++g) {
+            const __m256i indices = r.lanes_u32(QS + 8 * g);
+            const __m256i word = r.lanes_u32(QS + 8 * g + 4);
+            out.sc[g] = V::add(V::slli32(V::srli32(word, 28), 1), V::set1(1));
+            for (int l = 0; l < 4; ++l) {
+                const __m256i n = lane_byte<V>(indices, l);
+                const __m256i signs = with_parity_bit(V::and_(V::srli32(word, 7 * l), V::set1(127)));
+                for (int h = 0; h < 2; ++h) {
+                    lane_lattice_values(out, g, 2 * l + h, gather_half_points(iq2xxs_grid, n, h), negative_bytes(signs, h));
+                }
+            }
+        }
+        finish_unpack(out, V::mul(r.lanes_f16(0), V::set1f(0.125f)));
+    }
+};
+
+// ggml's dequantize_row_iq2_xs: per group g four 16-bit words at qs[4g]: a 9-bit grid index and 7 sign bits (above
+// it) each; scales[g]: ls of values 0..15 in the low nibble, of 16..31 in the high one
+struct IQ2_XS : SignedGroups<IQ2_XS, block_iq2_xs, 0, true> {
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, Packed & out) {
+        using V = V8;
+        const TileRows<block_iq2_xs> r(t, b);
+        for (int g = 0; g < GROUPS; ++g) {
+            const __m256i scales = r.lanes_u32(offsetof(block_iq2_xs, scales) + 4 * (g / 4));
+            out.sc[g] = odd_scale(scales, g % 4, false);
+            out.sc_hi[g] = odd_scale(scales, g % 4, true);
+            for (int l = 0; l < 4; ++l) {
+                const __m256i pair = r.lanes_u32(offsetof(block_iq2_xs, qs) + 8 * g + 4 * (l / 2));
+                const __m256i word = V::and_(V::srli32(pair, 16 * (l % 2)), V::set1(0xFFFF));
+                const __m256i n = V::and_(word, V::set1(511));
+                const __m256i signs = with_parity_bit(V::srli32(word, 9));
+                for (int h = 0; h < 2; ++h) {
+                    lane_lattice_values(out, g, 2 * l + h, gather_half_points(iq2xs_grid, n, h), negative_bytes(signs, h));
+                }
+            }
+        }
+        finish_unpack(out, V::mul(r.lanes_f16(0), V::set1f(0.125f)));
+    }
+};
+
+// ggml's dequantize_row_iq2_s: group g's 4 grid indices in qs[4g..4g+3] with their ninth and tenth bits in qh[g]
+// (bits 2l, 2l + 1 for index l), the sign bits of values 8l..8l+7 in qs[32 + 4g + l]; scales as IQ2_XS
+struct IQ2_S : SignedGroups<IQ2_S, block_iq2_s, 0, true> {
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, Packed & out) {
+        using V = V8;
+        const TileRows<block_iq2_s> r(t, b);
+        constexpr size_t QS = offsetof(block_iq2_s, qs);
+        for (int g = 0; g < GROUPS; ++g) {
+            const __m256i scales = r.lanes_u32(offsetof(block_iq2_s, scales) + 4 * (g / 4));
+            out.sc[g] = odd_scale(scales, g % 4, false);
+            out.sc_hi[g] = odd_scale(scales, g % 4, true);
+            const __m256i high = lane_byte<V>(r.lanes_u32(offsetof(block_iq2_s, qh) + 4 * (g / 4)), g % 4);
+            const __m256i indices = r.lanes_u32(QS + 4 * g);
+            const __m256i signs = r.lanes_u32(QS + QK_K / 8 + 4 * g);
+            for (int l = 0; l < 4; ++l) {
+                const __m256i top = V::slli32(V::and_(V::srli32(high, 2 * l), V::set1(3)), 8);
+                const __m256i n = V::or_(lane_byte<V>(indices, l), top);
+                for (int h = 0; h < 2; ++h) {
+                    lane_lattice_values(out, g, 2 * l + h, gather_half_points(iq2s_grid, n, h),
+                                        negative_bytes(lane_byte<V>(signs, l), h));
+                }
+            }
+        }
+        finish_unpack(out, V::mul(r.lanes_f16(0), V::set1f(0.125f)));
+    }
+};
+
 }  // namespace
 
 #endif  // DFLASH_CPU_GEMM_X86
@@ -267,6 +401,9 @@ struct IQ3_S : SignedGroups<IQ3_S, block_iq3_s, 0> {
 DFLASH_CPU_GEMM_ENTRY(gemm_iq4_xs, IQ4_XS)
 DFLASH_CPU_GEMM_ENTRY(gemm_iq3_xxs, IQ3_XXS)
 DFLASH_CPU_GEMM_ENTRY(gemm_iq3_s, IQ3_S)
+DFLASH_CPU_GEMM_ENTRY(gemm_iq2_xxs, IQ2_XXS)
+DFLASH_CPU_GEMM_ENTRY(gemm_iq2_xs, IQ2_XS)
+DFLASH_CPU_GEMM_ENTRY(gemm_iq2_s, IQ2_S)
 
 }  // namespace DFLASH_CPU_VARIANT
 }  // namespace dflash_cpu

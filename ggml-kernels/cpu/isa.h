@@ -37,6 +37,9 @@
     DFLASH_CPU_QUANT_GEMM(gemm_iq4_xs)                                                                         \
     DFLASH_CPU_QUANT_GEMM(gemm_iq3_xxs)                                                                        \
     DFLASH_CPU_QUANT_GEMM(gemm_iq3_s)                                                                          \
+    DFLASH_CPU_QUANT_GEMM(gemm_iq2_xxs)                                                                        \
+    DFLASH_CPU_QUANT_GEMM(gemm_iq2_xs)                                                                         \
+    DFLASH_CPU_QUANT_GEMM(gemm_iq2_s)                                                                          \
     /* activations of the K-quants, as ggml's quantize_row_q8_K_ref writes them (gemm.h) */                 \
     bool quantize_q8_k(const float * x, void * y, int64_t k);                                                 \
     /* whether this core runs 512-bit dot steps as fast as 256-bit ones (false where the variant has none) */  \
