@@ -57,7 +57,9 @@ int main(int argc, char ** argv) {
         v = normal(rng);
     }
     std::vector<char> q((size_t) rows * row_bytes), weights((size_t) rows * row_bytes);
-    ggml_quantize_chunk(type, w.data(), q.data(), 0, rows, K, nullptr);
+    // the types ggml will not quantize without an importance matrix get a flat one
+    const std::vector<float> imatrix(K, 1.0f);
+    ggml_quantize_chunk(type, w.data(), q.data(), 0, rows, K, ggml_quantize_requires_imatrix(type) ? imatrix.data() : nullptr);
     const bool interleaved = dflash_cpu_interleave_wanted(type, rows);
     if (interleaved) {
         dflash_cpu_interleave(type, rows, row_bytes, q.data(), weights.data());

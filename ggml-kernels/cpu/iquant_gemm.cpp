@@ -205,6 +205,8 @@ DFLASH_INLINE int iq4_xs_scale(const block_iq4_xs & x, int g) {
 constexpr int64_t IQ4_XS_ROWWISE_MAX = 1;
 
 struct IQ4_XS : SignedGroups<IQ4_XS, block_iq4_xs, IQ4_XS_ROWWISE_MAX> {
+    static constexpr float D_SCALE = 1.0f;
+
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, Packed & out) {
         using V = V8;
         const TileRows<block_iq4_xs> r(t, b);
@@ -227,8 +229,6 @@ struct IQ4_XS : SignedGroups<IQ4_XS, block_iq4_xs, IQ4_XS_ROWWISE_MAX> {
         finish_unpack(out, r.lanes_f16(0));
     }
 
-    static constexpr float D_SCALE = 1.0f;
-
     static DFLASH_INLINE void row_group(const block_iq4_xs & x, int g, __m256i & magnitude, __m256i & sign,
                                         __m256i & sc16) {
         sign = iq4_values(nibbles_in_order(x.qs + 16 * g));
@@ -240,8 +240,12 @@ struct IQ4_XS : SignedGroups<IQ4_XS, block_iq4_xs, IQ4_XS_ROWWISE_MAX> {
 // ---- The lattice formats: IQ3_XXS and IQ3_S ----
 // Each 4 weights of a group are one point of a grid of unsigned bytes (ggml's iq3xxs_grid, iq3s_grid), indexed per
 // row; a tile's 8 rows take their points with one gather. Every weight has a sign bit: IQ3_S stores them, IQ3_XXS
-// stores 7 per 8 weights (ggml's ksigns_iq2xs: the eighth makes their count even). One column row-major (a row's
-// 32 values are one gather, its signs one shuffle; the transposed tile from 2 columns).
+// stores 7 per 8 weights (ggml's ksigns_iq2xs: the eighth makes their count even). One column takes the transposed
+// tile too, but for IQ3_S: a row's values are one gather and its stored signs one shuffle, so row by row is cheaper
+// there; where the signs come from ksigns (IQ3_XXS, IQ2_XXS, IQ2_XS) or the points are 8 values (IQ2_S), sign work
+// shared by 8 rows costs less (one thread, 2048 x 2048, the two paths alternated by process, best of 4 rounds,
+// AVX-512 / AVX2, row-major over transposed: IQ3_S 0.87 / 0.95, IQ3_XXS 1.05 / 1.27, IQ2_XXS 1.31 / 1.35, IQ2_XS
+// 0.93 / 1.20, IQ2_S 1.25 / 0.96).
 
 // byte 0 of each lane (its signs of 8 values) as 4 byte masks: 0xFF where the value's bit is set, values 4h..4h+3
 DFLASH_INLINE __m256i negative_bytes(__m256i signs8, int h) {
@@ -273,16 +277,6 @@ DFLASH_INLINE __m256i row_signs(uint32_t bits) {
     return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(1));
 }
 
-// ksigns_iq2xs of the four 7-bit sign fields of `word` (bit 7m: values 8m..8m+7) as one row's 32 sign bits: four
-// table loads on the scalar ports, beside the vector work (the parity in vectors measured slower)
-DFLASH_INLINE uint32_t row_sign_bits(uint32_t word) {
-    uint32_t bits = 0;
-    for (int m = 0; m < 4; ++m) {
-        bits |= (uint32_t) ksigns_iq2xs[(word >> (7 * m)) & 127] << (8 * m);
-    }
-    return bits;
-}
-
 // one row's 8 grid indices (bytes) as 32-bit lanes
 DFLASH_INLINE __m256i row_indices(const uint8_t * qs) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *) qs));
@@ -291,7 +285,9 @@ DFLASH_INLINE __m256i row_indices(const uint8_t * qs) {
 // ggml's dequantize_row_iq3_xxs: group g's 8 grid indices in qs[8g..8g+7] (index i: values 4i..4i+3), then per group
 // a 32-bit word at qs[64 + 4g]: 7 sign bits of values 8m..8m+7 at bit 7m (m < 4), ls_g in the top 4 bits;
 // w = d * (0.5 + ls_g) * 0.5 * point * sign = d / 4 * (2 ls_g + 1) * point * sign, points in 4..62
-struct IQ3_XXS : SignedGroups<IQ3_XXS, block_iq3_xxs, 1> {
+struct IQ3_XXS : SignedGroups<IQ3_XXS, block_iq3_xxs, 0> {
+    static constexpr float D_SCALE = 0.25f;   // of d in every float step (w = d * D_SCALE * sc * v)
+
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, Packed & out) {
         using V = V8;
         const TileRows<block_iq3_xxs> r(t, b);
@@ -313,22 +309,14 @@ struct IQ3_XXS : SignedGroups<IQ3_XXS, block_iq3_xxs, 1> {
         }
         finish_unpack(out, r.lanes_f16(0));
     }
-
-    static constexpr float D_SCALE = 0.25f;
-
-    static DFLASH_INLINE void row_group(const block_iq3_xxs & x, int g, __m256i & magnitude, __m256i & sign,
-                                        __m256i & sc16) {
-        const uint32_t word = load_u32(x.qs + QK_K / 4 + 4 * g);
-        magnitude = gather_points(iq3xxs_grid, row_indices(x.qs + 8 * g));
-        sign = row_signs(row_sign_bits(word));
-        sc16 = _mm256_set1_epi16((short) (2 * (word >> 28) + 1));
-    }
 };
 
 // ggml's dequantize_row_iq3_s: group g's 8 grid indices in qs[8g..8g+7] with their ninth bits in qh[g] (bit i for
 // index i), the signs of values 8m..8m+7 in signs[4g + m], ls_g in nibble g of scales;
 // w = d * (1 + 2 ls_g) * point * sign, points in 1..15
 struct IQ3_S : SignedGroups<IQ3_S, block_iq3_s, 1> {
+    static constexpr float D_SCALE = 1.0f;   // of d in every float step (w = d * D_SCALE * sc * v)
+
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, Packed & out) {
         using V = V8;
         const TileRows<block_iq3_s> r(t, b);
@@ -350,8 +338,6 @@ struct IQ3_S : SignedGroups<IQ3_S, block_iq3_s, 1> {
         finish_unpack(out, r.lanes_f16(0));
     }
 
-    static constexpr float D_SCALE = 1.0f;
-
     static DFLASH_INLINE void row_group(const block_iq3_s & x, int g, __m256i & magnitude, __m256i & sign,
                                         __m256i & sc16) {
         const __m256i bit_i = _mm256_srlv_epi32(_mm256_set1_epi32(x.qh[g]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -372,16 +358,6 @@ DFLASH_INLINE __m256i gather_half_points(const uint64_t * grid, __m256i n, int h
     return gather_points((const uint32_t *) grid, _mm256_add_epi32(_mm256_slli_epi32(n, 1), _mm256_set1_epi32(h)));
 }
 
-// one row's 4 grid points of 8 values, in order
-DFLASH_INLINE __m256i row_points(const uint64_t * grid, __m128i n) {
-    return _mm256_i32gather_epi64((const long long *) grid, n, 8);
-}
-
-// IQ2_XS's and IQ2_S's two scales of one row's group (values 0..15, 16..31) as the int16 pairs row_sums takes
-DFLASH_INLINE __m256i row_half_scales(uint8_t scales) {
-    return _mm256_set_m128i(_mm_set1_epi16((short) (2 * (scales >> 4) + 1)), _mm_set1_epi16((short) (2 * (scales & 15) + 1)));
-}
-
 // 2 ls + 1 of the low (high) nibble of byte i of each lane
 DFLASH_INLINE __m256i odd_scale(__m256i word, int i, bool high) {
     using V = V8;
@@ -391,7 +367,9 @@ DFLASH_INLINE __m256i odd_scale(__m256i word, int i, bool high) {
 
 // ggml's dequantize_row_iq2_xxs: per group g two 32-bit words at qs[8g]: the first 4 grid indices (index l: values
 // 8l..8l+7), the second 7 sign bits per index at bit 7l and ls_g in its top 4 bits
-struct IQ2_XXS : SignedGroups<IQ2_XXS, block_iq2_xxs, 1> {
+struct IQ2_XXS : SignedGroups<IQ2_XXS, block_iq2_xxs, 0> {
+    static constexpr float D_SCALE = 0.125f;   // of d in every float step (w = d * D_SCALE * sc * v)
+
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, Packed & out) {
         using V = V8;
         const TileRows<block_iq2_xxs> r(t, b);
@@ -410,22 +388,13 @@ struct IQ2_XXS : SignedGroups<IQ2_XXS, block_iq2_xxs, 1> {
         }
         finish_unpack(out, r.lanes_f16(0));
     }
-
-    static constexpr float D_SCALE = 0.125f;
-
-    static DFLASH_INLINE void row_group(const block_iq2_xxs & x, int g, __m256i & magnitude, __m256i & sign,
-                                        __m256i & sc16) {
-        const uint8_t * qs = (const uint8_t *) x.qs + 8 * g;
-        const uint32_t word = load_u32(qs + 4);
-        magnitude = row_points(iq2xxs_grid, _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int) load_u32(qs))));
-        sign = row_signs(row_sign_bits(word));
-        sc16 = _mm256_set1_epi16((short) (2 * (word >> 28) + 1));
-    }
 };
 
 // ggml's dequantize_row_iq2_xs: per group g four 16-bit words at qs[4g]: a 9-bit grid index and 7 sign bits (above
 // it) each; scales[g]: ls of values 0..15 in the low nibble, of 16..31 in the high one
-struct IQ2_XS : SignedGroups<IQ2_XS, block_iq2_xs, 1, true> {
+struct IQ2_XS : SignedGroups<IQ2_XS, block_iq2_xs, 0, true> {
+    static constexpr float D_SCALE = 0.125f;   // of d in every float step (w = d * D_SCALE * sc * v)
+
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, Packed & out) {
         using V = V8;
         const TileRows<block_iq2_xs> r(t, b);
@@ -445,26 +414,13 @@ struct IQ2_XS : SignedGroups<IQ2_XS, block_iq2_xs, 1, true> {
         }
         finish_unpack(out, r.lanes_f16(0));
     }
-
-    static constexpr float D_SCALE = 0.125f;
-
-    static DFLASH_INLINE void row_group(const block_iq2_xs & x, int g, __m256i & magnitude, __m256i & sign,
-                                        __m256i & sc16) {
-        const uint16_t * q = x.qs + 4 * g;
-        magnitude = row_points(iq2xs_grid, _mm_and_si128(_mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *) q)),
-                                                         _mm_set1_epi32(511)));
-        uint32_t bits = 0;
-        for (int l = 0; l < 4; ++l) {
-            bits |= (uint32_t) ksigns_iq2xs[q[l] >> 9] << (8 * l);
-        }
-        sign = row_signs(bits);
-        sc16 = row_half_scales(x.scales[g]);
-    }
 };
 
 // ggml's dequantize_row_iq2_s: group g's 4 grid indices in qs[4g..4g+3] with their ninth and tenth bits in qh[g]
 // (bits 2l, 2l + 1 for index l), the sign bits of values 8l..8l+7 in qs[32 + 4g + l]; scales as IQ2_XS
-struct IQ2_S : SignedGroups<IQ2_S, block_iq2_s, 1, true> {
+struct IQ2_S : SignedGroups<IQ2_S, block_iq2_s, 0, true> {
+    static constexpr float D_SCALE = 0.125f;   // of d in every float step (w = d * D_SCALE * sc * v)
+
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, Packed & out) {
         using V = V8;
         const TileRows<block_iq2_s> r(t, b);
@@ -486,17 +442,6 @@ struct IQ2_S : SignedGroups<IQ2_S, block_iq2_s, 1, true> {
             }
         }
         finish_unpack(out, r.lanes_f16(0));
-    }
-
-    static constexpr float D_SCALE = 0.125f;
-
-    static DFLASH_INLINE void row_group(const block_iq2_s & x, int g, __m256i & magnitude, __m256i & sign,
-                                        __m256i & sc16) {
-        const __m128i low = _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int) load_u32(x.qs + 4 * g)));
-        const __m128i top = _mm_srlv_epi32(_mm_set1_epi32(x.qh[g]), _mm_setr_epi32(0, 2, 4, 6));
-        magnitude = row_points(iq2s_grid, _mm_or_si128(low, _mm_slli_epi32(_mm_and_si128(top, _mm_set1_epi32(3)), 8)));
-        sign = row_signs(load_u32(x.qs + QK_K / 8 + 4 * g));
-        sc16 = row_half_scales(x.scales[g]);
     }
 };
 
