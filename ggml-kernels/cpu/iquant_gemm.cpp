@@ -365,6 +365,14 @@ DFLASH_INLINE __m256i odd_scale(__m256i word, int i, bool high) {
     return V::add(V::slli32(nibble, 1), V::set1(1));
 }
 
+// IQ2_XS's and IQ2_S's scales of group g: scales[g]'s low nibble for values 0..15, its high one for 16..31
+template <typename Row>
+DFLASH_INLINE void half_scales(const TileRows<Row> & r, int g, HalvesPackedT<V8> & out) {
+    const __m256i scales = r.lanes_u32(offsetof(Row, scales) + 4 * (g / 4));
+    out.sc[g] = odd_scale(scales, g % 4, false);
+    out.sc_hi[g] = odd_scale(scales, g % 4, true);
+}
+
 // ggml's dequantize_row_iq2_xxs: per group g two 32-bit words at qs[8g]: the first 4 grid indices (index l: values
 // 8l..8l+7), the second 7 sign bits per index at bit 7l and ls_g in its top 4 bits
 struct IQ2_XXS : SignedGroups<IQ2_XXS, block_iq2_xxs, 0> {
@@ -391,7 +399,7 @@ struct IQ2_XXS : SignedGroups<IQ2_XXS, block_iq2_xxs, 0> {
 };
 
 // ggml's dequantize_row_iq2_xs: per group g four 16-bit words at qs[4g]: a 9-bit grid index and 7 sign bits (above
-// it) each; scales[g]: ls of values 0..15 in the low nibble, of 16..31 in the high one
+// it) each; scales[g] the two ls (half_scales)
 struct IQ2_XS : SignedGroups<IQ2_XS, block_iq2_xs, 0, true> {
     static constexpr float D_SCALE = 0.125f;   // of d in every float step (w = d * D_SCALE * sc * v)
 
@@ -399,9 +407,7 @@ struct IQ2_XS : SignedGroups<IQ2_XS, block_iq2_xs, 0, true> {
         using V = V8;
         const TileRows<block_iq2_xs> r(t, b);
         for (int g = 0; g < GROUPS; ++g) {
-            const __m256i scales = r.lanes_u32(offsetof(block_iq2_xs, scales) + 4 * (g / 4));
-            out.sc[g] = odd_scale(scales, g % 4, false);
-            out.sc_hi[g] = odd_scale(scales, g % 4, true);
+            half_scales(r, g, out);
             for (int l = 0; l < 4; ++l) {
                 const __m256i pair = r.lanes_u32(offsetof(block_iq2_xs, qs) + 8 * g + 4 * (l / 2));
                 const __m256i word = V::and_(V::srli32(pair, 16 * (l % 2)), V::set1(0xFFFF));
@@ -426,9 +432,7 @@ struct IQ2_S : SignedGroups<IQ2_S, block_iq2_s, 0, true> {
         const TileRows<block_iq2_s> r(t, b);
         constexpr size_t QS = offsetof(block_iq2_s, qs);
         for (int g = 0; g < GROUPS; ++g) {
-            const __m256i scales = r.lanes_u32(offsetof(block_iq2_s, scales) + 4 * (g / 4));
-            out.sc[g] = odd_scale(scales, g % 4, false);
-            out.sc_hi[g] = odd_scale(scales, g % 4, true);
+            half_scales(r, g, out);
             const __m256i high = lane_byte<V>(r.lanes_u32(offsetof(block_iq2_s, qh) + 4 * (g / 4)), g % 4);
             const __m256i indices = r.lanes_u32(QS + 4 * g);
             const __m256i signs = r.lanes_u32(QS + QK_K / 8 + 4 * g);
