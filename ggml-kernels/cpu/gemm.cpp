@@ -217,6 +217,11 @@ extern "C" bool dflash_cpu_interleave_wanted(enum ggml_type type, int64_t n_rows
         case GGML_TYPE_Q3_K:
         case GGML_TYPE_Q4_K:
         case GGML_TYPE_Q5_K:
+        case GGML_TYPE_IQ3_XXS:
+        case GGML_TYPE_IQ3_S:
+        case GGML_TYPE_IQ2_XXS:
+        case GGML_TYPE_IQ2_XS:
+        case GGML_TYPE_IQ2_S:
             return true;
         case GGML_TYPE_Q6_K:   // where VNNI runs its dot steps: without it one column read ggml's layout faster (gemm.h)
             return isa == ISA_AVX512 || isa == ISA_AVXVNNI;
@@ -246,8 +251,8 @@ void q5_0_lane_masks(const char * const (&qh)[8], char * out) {
 extern "C" void dflash_cpu_interleave(enum ggml_type type, int64_t n_rows, size_t row_bytes, const void * src,
                                       void * dst) {
     const size_t block = ggml_type_size(type);
-    // the layout: gemm.h; the bytes of a block's fp16 scale where the rest is whole words: leading (Q4_0) or
-    // trailing (Q6_K and Q3_K, whose d closes the block)
+    // the layout: gemm.h; the bytes of a block's fp16 scale where the rest is whole words: leading (Q4_0, the lattice
+    // IQ types) or trailing (Q6_K and Q3_K, whose d closes the block)
     const size_t odd = block % 4 == 2 ? 2 : 0;
     const size_t lead = type == GGML_TYPE_Q6_K || type == GGML_TYPE_Q3_K ? 0 : odd, trail = odd - lead;
     GGML_ASSERT(n_rows % 8 == 0 && (block - odd) % 4 == 0 && row_bytes % block == 0);
@@ -303,6 +308,11 @@ extern "C" bool dflash_cpu_gemm_interleaved(enum ggml_type type, int64_t n_rows,
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q5_1, gemm_q5_1_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_Q8_0, gemm_q8_0_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ4_NL, gemm_iq4_nl_interleaved)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ3_XXS, gemm_iq3_xxs_interleaved)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ3_S, gemm_iq3_s_interleaved)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ2_XXS, gemm_iq2_xxs_interleaved)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ2_XS, gemm_iq2_xs_interleaved)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ2_S, gemm_iq2_s_interleaved)
         default:
             return false;
     }

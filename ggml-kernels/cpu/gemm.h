@@ -50,9 +50,10 @@ bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_
 // without the per-call transposes, one column took 0.67x and 8 columns 0.77x the time in ggml's row layout; Q6_K
 // where VNNI runs, 0.86-0.97x at 1 column and 0.86-0.93x at 4 to 16, while AVX2's one column took 1.04-1.07x;
 // Q2_K and Q3_K, every ISA: 0.84-0.94x at 1 column and 0.78-0.99x at 8 on the ~2B shape; Q4_0: docs/cpu-kernels.md;
-// Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) are kept, from load, with each block of each tile of 8 rows stored as its 4-byte
-// words, word w of row r at 32 w + 4 r; a block that opens with one fp16 scale before whole words (Q4_0, Q5_0, Q8_0,
-// IQ4_NL) keeps the 8 rows' scales first, 16 bytes, and its words after them, at 16 + 32 w + 4 r; one that closes
+// Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; the lattice IQ types IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S) are kept, from load,
+// with each block of each tile of 8 rows stored as its 4-byte words, word w of row r at 32 w + 4 r; a block that opens
+// with one fp16 scale before whole words (Q4_0, Q5_0, Q8_0, IQ4_NL, the lattice types) keeps the 8 rows' scales
+// first, 16 bytes, and its words after them, at 16 + 32 w + 4 r; one that closes
 // with its fp16 d (Q6_K after 52 words, Q3_K after 27) keeps its words first and the 8 rows' d after them, row r's at
 // 32 * words + 2 r (the bytes of 8 rows; the rows' order within a block changes, nothing else, but for
 // two types: Q8_0's quants are stored as q + 128, and Q5_0's word 0, the 8 rows' fifth bits, as 8 masks of the lanes

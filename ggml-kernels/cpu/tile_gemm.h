@@ -459,9 +459,16 @@ struct TileRows {
     const Row * r[TILE_ROWS] = {};
     const char * words = nullptr;   // block b of an interleaved tile
 
+    // whole words and a closing fp16 (Q6_K, Q3_K), or an opening fp16 and whole words (the lattice IQ types), whose 8
+    // rows' fp16 the interleaved block keeps side by side after (before) the words (dflash_cpu_interleave)
+    static constexpr bool CLOSING_F16 = std::is_same_v<Row, block_q6_K> || std::is_same_v<Row, block_q3_K>;
+    static constexpr bool OPENING_F16 = std::is_same_v<Row, block_iq3_xxs> || std::is_same_v<Row, block_iq3_s> ||
+                                        std::is_same_v<Row, block_iq2_xxs> || std::is_same_v<Row, block_iq2_xs> ||
+                                        std::is_same_v<Row, block_iq2_s>;
+
     DFLASH_INLINE TileRows(const Tile & t, int64_t b) {
-        // formats of whole words, or of whole words and a closing fp16 (Q6_K, Q3_K; dflash_cpu_interleave_wanted)
-        if constexpr (sizeof(Row) % 4 == 0 || std::is_same_v<Row, block_q6_K> || std::is_same_v<Row, block_q3_K>) {
+        // formats of whole words, with or without one fp16 (dflash_cpu_interleave_wanted)
+        if constexpr (sizeof(Row) % 4 == 0 || CLOSING_F16 || OPENING_F16) {
             if (t.interleaved) {
                 words = t.interleaved_block<Row>(b);
                 return;
@@ -487,13 +494,15 @@ struct TileRows {
         if (words == nullptr) {
             return load_lanes_f16(r, offset);
         }
-        if (offset + 2 == sizeof(Row) && sizeof(Row) % 4 == 2) {   // the closing fp16: the 8 rows' side by side
+        // the closing or opening fp16: the 8 rows' side by side (where word_lanes would put them)
+        if ((CLOSING_F16 && offset + 2 == sizeof(Row)) || (OPENING_F16 && offset == 0)) {
             return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (words + 8 * offset)));
         }
         return f16_half_lanes(word_lanes(offset & ~(size_t) 3), offset % 4 != 0);
     }
 
   private:
+    // the word at row offset `offset`: at 8 * offset in the block, an opening fp16's 8 rows included
     DFLASH_INLINE __m256i word_lanes(size_t offset) const {
         return _mm256_loadu_si256((const __m256i *) (words + 8 * offset));
     }
