@@ -365,6 +365,15 @@ DFLASH_INLINE __m256i odd_scale(__m256i word, int i, bool high) {
     return V::add(V::slli32(nibble, 1), V::set1(1));
 }
 
+// parts 2l and 2l + 1 of group g: the two halves of 8 rows' grid points n, signed by the bits of byte 0 of signs8
+template <class Format>
+DFLASH_INLINE void point_halves(typename Format::Packed & out, int g, int l, const uint64_t * grid, __m256i n,
+                                __m256i signs8) {
+    for (int h = 0; h < 2; ++h) {
+        Format::lane_lattice_values(out, g, 2 * l + h, gather_half_points(grid, n, h), negative_bytes(signs8, h));
+    }
+}
+
 // IQ2_XS's and IQ2_S's scales of group g: scales[g]'s low nibble for values 0..15, its high one for 16..31
 template <typename Row>
 DFLASH_INLINE void half_scales(const TileRows<Row> & r, int g, HalvesPackedT<V8> & out) {
@@ -389,9 +398,7 @@ struct IQ2_XXS : SignedGroups<IQ2_XXS, block_iq2_xxs, 0> {
             for (int l = 0; l < 4; ++l) {
                 const __m256i n = lane_byte<V>(indices, l);
                 const __m256i signs = with_parity_bit(V::and_(V::srli32(word, 7 * l), V::set1(127)));
-                for (int h = 0; h < 2; ++h) {
-                    lane_lattice_values(out, g, 2 * l + h, gather_half_points(iq2xxs_grid, n, h), negative_bytes(signs, h));
-                }
+                point_halves<IQ2_XXS>(out, g, l, iq2xxs_grid, n, signs);
             }
         }
         finish_unpack(out, r.lanes_f16(0));
@@ -413,9 +420,7 @@ struct IQ2_XS : SignedGroups<IQ2_XS, block_iq2_xs, 0, true> {
                 const __m256i word = V::and_(V::srli32(pair, 16 * (l % 2)), V::set1(0xFFFF));
                 const __m256i n = V::and_(word, V::set1(511));
                 const __m256i signs = with_parity_bit(V::srli32(word, 9));
-                for (int h = 0; h < 2; ++h) {
-                    lane_lattice_values(out, g, 2 * l + h, gather_half_points(iq2xs_grid, n, h), negative_bytes(signs, h));
-                }
+                point_halves<IQ2_XS>(out, g, l, iq2xs_grid, n, signs);
             }
         }
         finish_unpack(out, r.lanes_f16(0));
@@ -439,10 +444,7 @@ struct IQ2_S : SignedGroups<IQ2_S, block_iq2_s, 0, true> {
             for (int l = 0; l < 4; ++l) {
                 const __m256i top = V::slli32(V::and_(V::srli32(high, 2 * l), V::set1(3)), 8);
                 const __m256i n = V::or_(lane_byte<V>(indices, l), top);
-                for (int h = 0; h < 2; ++h) {
-                    lane_lattice_values(out, g, 2 * l + h, gather_half_points(iq2s_grid, n, h),
-                                        negative_bytes(lane_byte<V>(signs, l), h));
-                }
+                point_halves<IQ2_S>(out, g, l, iq2s_grid, n, lane_byte<V>(signs, l));
             }
         }
         finish_unpack(out, r.lanes_f16(0));
