@@ -126,11 +126,6 @@ struct SignedGroups : KTraits<WeightBlock, SignedPacked<HALVES>::template T, ROW
     template <int RN, class V>
     static DFLASH_INLINE void columns(const PackedV<V> & w, const Activations<Self> & a, int64_t b, int64_t j0,
                                       typename V::F * acc) {
-        if constexpr (RN > COLUMN_CHUNK) {
-            columns<COLUMN_CHUNK, V>(w, a, b, j0, acc);
-            columns<RN - COLUMN_CHUNK, V>(w, a, b, j0 + COLUMN_CHUNK, acc + COLUMN_CHUNK);
-            return;
-        }
         const int8_t * p[RN];
         typename V::I isum[RN];
         start_columns<V>(a, b, j0, p, isum);

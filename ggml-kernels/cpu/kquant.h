@@ -107,10 +107,6 @@ constexpr int K4_STREAM_MAX = 8;
 constexpr int K4_STREAM_MAX = 4;
 #endif
 
-// Columns per chunk of Format::columns: with VNNI a chunk's dot chains, its integer sums and the group's quants
-// stay in AVX-512's 32 registers (3 x 8 + 8); AVX2 steps column after column anyway (its widest pass, 8)
-constexpr int COLUMN_CHUNK = 8;
-
 // isum[j] += sc * sum_k q[k] . (quants 4k..4k+3 of p[j] + at), k < N, for RN columns; sc16: sc as int16 in both
 // halves of a lane (AVX2). VNNI interleaves the columns' dpbusd, one chain per column, so consecutive ones do
 // not wait for each other (column after column measured 1.05-1.1x slower at B = 5..16: the units sat idle).
@@ -205,6 +201,10 @@ struct KTraits {
     static constexpr bool ROW_MAJOR = true;
     static constexpr int64_t ROWWISE_MAX = ROWS;
     static constexpr bool COLUMNS_TOGETHER = true;
+    // Columns per call of Format::columns (tile_gemm.h: columns_in_chunks): with VNNI a chunk's dot chains, its integer
+    // sums and the group's quants stay in AVX-512's 32 registers (3 x 8 + 8); AVX2 steps column after column anyway
+    // (its widest pass, 8)
+    static constexpr int COLUMN_CHUNK = 8;
     // 16-row tiles (V16) from 4 columns, where the core runs 512-bit dot steps at full rate (dflash_cpu_wide_k_tiles).
     // Emerald Rapids, 16384 x 2048, 1 thread, in-process A/B against 8-row tiles: Q4_K B = 1 / 2 / 4 / 8 / 16 1.58x /
     // 1.14x / 0.83x / 0.53x / 0.70x the time, Q6_K B = 4 / 8 / 16 0.96x / 0.83x / 0.74x. On Zen 4, before the choice

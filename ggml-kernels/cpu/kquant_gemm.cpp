@@ -125,11 +125,6 @@ struct K4Format : KTraits<WeightBlock, K4PackedT, 1>, FinishWithMin {
     template <int RN, class V>
     static DFLASH_INLINE void columns(const K4PackedT<V> & w, const Activations<Self> & a, int64_t b, int64_t j0,
                                       typename V::F * acc) {
-        if constexpr (RN > COLUMN_CHUNK) {
-            columns<COLUMN_CHUNK, V>(w, a, b, j0, acc);
-            columns<RN - COLUMN_CHUNK, V>(w, a, b, j0 + COLUMN_CHUNK, acc + COLUMN_CHUNK);
-            return;
-        }
         const int8_t * p[RN];
         typename V::I isum[RN];
         start_columns<V>(a, b, j0, p, isum);
@@ -274,12 +269,6 @@ constexpr int MIN_PER_HALF = -1;
 template <class Format, int MAX_Q, int OFFSET_LOG2, int RN, class V, class P>
 DFLASH_INLINE void half_group_columns(const P & w, const Activations<Format> & a, int64_t b, int64_t j0,
                                       typename V::F * acc) {
-    if constexpr (RN > COLUMN_CHUNK) {
-        half_group_columns<Format, MAX_Q, OFFSET_LOG2, COLUMN_CHUNK, V>(w, a, b, j0, acc);
-        half_group_columns<Format, MAX_Q, OFFSET_LOG2, RN - COLUMN_CHUNK, V>(w, a, b, j0 + COLUMN_CHUNK,
-                                                                             acc + COLUMN_CHUNK);
-        return;
-    }
     const int8_t * p[RN];
     typename V::I isum[RN];
     start_columns<V>(a, b, j0, p, isum);

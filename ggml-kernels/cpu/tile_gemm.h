@@ -568,7 +568,7 @@ DFLASH_INLINE typename V::F column_step_32(const PackedBlockT<V> & w, const int8
 
 // Whether Format steps all RN columns of a block at once (Format::columns<RN, V>, flagged COLUMNS_TOGETHER):
 // formats whose unpacked block outgrows the registers walk it once, each part against every column, instead of
-// once per column (Format::column<V>).
+// once per column (Format::column<V>). Such a format takes at most Format::COLUMN_CHUNK columns a call.
 template <class Format, class = void>
 struct steps_columns_together : std::false_type {};
 template <class Format>
@@ -597,12 +597,25 @@ struct Format32 {
     }
 };
 
+// Format::columns over RN columns from j0, COLUMN_CHUNK after COLUMN_CHUNK in order (each column's sums are its own)
+template <class Format, int RN, class V>
+DFLASH_INLINE void columns_in_chunks(const typename Format::template PackedT<V> & w, const Activations<Format> & a,
+                                     int64_t b, int64_t j0, typename V::F * acc) {
+    constexpr int CHUNK = Format::COLUMN_CHUNK;
+    if constexpr (RN > CHUNK) {
+        Format::template columns<CHUNK, V>(w, a, b, j0, acc);
+        columns_in_chunks<Format, RN - CHUNK, V>(w, a, b, j0 + CHUNK, acc + CHUNK);
+    } else {
+        Format::template columns<RN, V>(w, a, b, j0, acc);
+    }
+}
+
 // acc[j] += one weight block (the tile's rows, unpacked) times block b of activation columns j0 + j, j < RN
 template <class Format, int RN, class V>
 DFLASH_INLINE void accumulate_block(const typename Format::template PackedT<V> & w, const Activations<Format> & a,
                                     int64_t b, int64_t j0, typename V::F * acc) {
     if constexpr (steps_columns_together<Format>::value) {
-        Format::template columns<RN, V>(w, a, b, j0, acc);
+        columns_in_chunks<Format, RN, V>(w, a, b, j0, acc);
     } else {
         for (int j = 0; j < RN; ++j) {
             acc[j] = Format::template column<V>(w, a.quants(b, j0 + j), a.scales(b, j0 + j), acc[j]);
