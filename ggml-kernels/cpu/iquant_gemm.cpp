@@ -232,12 +232,13 @@ struct IQ4_XS : SignedGroups<IQ4_XS, block_iq4_xs, IQ4_XS_ROWWISE_MAX> {
     }
 };
 
-// ---- The lattice formats: IQ3_XXS and IQ3_S ----
+// ---- The lattice formats: IQ3_XXS and IQ3_S (and what the IQ2 types share with them) ----
 // Each 4 weights of a group are one point of a grid of unsigned bytes (ggml's iq3xxs_grid, iq3s_grid), indexed per
 // row; a tile's 8 rows take their points with one gather. Every weight has a sign bit: IQ3_S stores them, IQ3_XXS
-// stores 7 per 8 weights (ggml's ksigns_iq2xs: the eighth makes their count even). One column takes the transposed
-// tile too, but for IQ3_S: a row's values are one gather and its stored signs one shuffle, so row by row is cheaper
-// there; where the signs come from ksigns (IQ3_XXS, IQ2_XXS, IQ2_XS) or the points are 8 values (IQ2_S), sign work
+// stores 7 per 8 weights (ggml's ksigns_iq2xs: the eighth makes their count even). Matrices whose rows are a multiple
+// of 8 are interleaved at load and read in lanes at every width (gemm.h). In ggml's layout one column takes the
+// transposed tile too, but for IQ3_S: a row's values are one gather and its stored signs one shuffle, so row by row is
+// cheaper there; where the signs come from ksigns (IQ3_XXS, IQ2_XXS, IQ2_XS) or the points are 8 values (IQ2_S), sign work
 // shared by 8 rows costs less (one thread, 2048 x 2048, the two paths alternated by process, best of 4 rounds,
 // AVX-512 / AVX2, row-major over transposed: IQ3_S 0.87 / 0.95, IQ3_XXS 1.05 / 1.27, IQ2_XXS 1.31 / 1.35, IQ2_XS
 // 0.93 / 1.20, IQ2_S 1.25 / 0.96).
@@ -256,6 +257,16 @@ DFLASH_INLINE __m256i with_parity_bit(__m256i s7) {
     x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 2));
     x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 1));
     return _mm256_or_si256(s7, _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(1)), 7));
+}
+
+// ksigns_iq2xs of the 7-bit sign field m (bits 7m..7m+6) of each lane's word (IQ3_XXS, IQ2_XXS)
+DFLASH_INLINE __m256i sign_field(__m256i word, int m) {
+    return with_parity_bit(_mm256_and_si256(_mm256_srli_epi32(word, 7 * m), _mm256_set1_epi32(127)));
+}
+
+// 2 ls + 1 of each lane's ls: the integer group scales of the lattice types
+DFLASH_INLINE __m256i odd_scales(__m256i ls) {
+    return _mm256_add_epi32(_mm256_slli_epi32(ls, 1), _mm256_set1_epi32(1));
 }
 
 // the grid points of 8 rows, lanes = rows
@@ -289,11 +300,11 @@ struct IQ3_XXS : SignedGroups<IQ3_XXS, block_iq3_xxs, 0> {
         constexpr size_t QS = offsetof(block_iq3_xxs, qs);
         for (int g = 0; g < GROUPS; ++g) {
             const __m256i word = r.lanes_u32(QS + QK_K / 4 + 4 * g);
-            out.sc[g] = V::add(V::slli32(V::srli32(word, 28), 1), V::set1(1));
+            out.sc[g] = odd_scales(V::srli32(word, 28));
             for (int half = 0; half < 2; ++half) {
                 const __m256i indices = r.lanes_u32(QS + 8 * g + 4 * half);
                 for (int m = 2 * half; m < 2 * half + 2; ++m) {
-                    const __m256i signs = with_parity_bit(V::and_(V::srli32(word, 7 * m), V::set1(127)));
+                    const __m256i signs = sign_field(word, m);
                     for (int h = 0; h < 2; ++h) {
                         const int i = 2 * m + h;
                         lane_lattice_values(out, g, i, gather_points(iq3xxs_grid, lane_byte<V>(indices, i % 4)),
@@ -317,7 +328,7 @@ struct IQ3_S : SignedGroups<IQ3_S, block_iq3_s, 1> {
         const TileRows<block_iq3_s> r(t, b);
         const __m256i scales = r.lanes_u32(offsetof(block_iq3_s, scales));
         for (int g = 0; g < GROUPS; ++g) {
-            out.sc[g] = V::add(V::slli32(V::and_(V::srli32(scales, 4 * g), V::set1(15)), 1), V::set1(1));
+            out.sc[g] = odd_scales(V::and_(V::srli32(scales, 4 * g), V::set1(15)));
             const __m256i high = lane_byte<V>(r.lanes_u32(offsetof(block_iq3_s, qh) + 4 * (g / 4)), g % 4);
             const __m256i signs = r.lanes_u32(offsetof(block_iq3_s, signs) + 4 * g);
             for (int half = 0; half < 2; ++half) {
@@ -355,9 +366,7 @@ DFLASH_INLINE __m256i gather_half_points(const uint64_t * grid, __m256i n, int h
 
 // 2 ls + 1 of the low (high) nibble of byte i of each lane
 DFLASH_INLINE __m256i odd_scale(__m256i word, int i, bool high) {
-    using V = V8;
-    const __m256i nibble = V::and_(V::srli32(word, 8 * i + (high ? 4 : 0)), V::set1(15));
-    return V::add(V::slli32(nibble, 1), V::set1(1));
+    return odd_scales(_mm256_and_si256(_mm256_srli_epi32(word, 8 * i + (high ? 4 : 0)), _mm256_set1_epi32(15)));
 }
 
 // parts 2l and 2l + 1 of group g: the two halves of 8 rows' grid points n, signed by the bits of byte 0 of signs8
@@ -389,10 +398,10 @@ struct IQ2_XXS : SignedGroups<IQ2_XXS, block_iq2_xxs, 0> {
         for (int g = 0; g < GROUPS; ++g) {
             const __m256i indices = r.lanes_u32(QS + 8 * g);
             const __m256i word = r.lanes_u32(QS + 8 * g + 4);
-            out.sc[g] = V::add(V::slli32(V::srli32(word, 28), 1), V::set1(1));
+            out.sc[g] = odd_scales(V::srli32(word, 28));
             for (int l = 0; l < 4; ++l) {
                 const __m256i n = lane_byte<V>(indices, l);
-                const __m256i signs = with_parity_bit(V::and_(V::srli32(word, 7 * l), V::set1(127)));
+                const __m256i signs = sign_field(word, l);
                 point_halves<IQ2_XXS>(out, g, l, iq2xxs_grid, n, signs);
             }
         }
