@@ -459,12 +459,11 @@ struct TileRows {
     const Row * r[TILE_ROWS] = {};
     const char * words = nullptr;   // block b of an interleaved tile
 
-    // whole words and a closing fp16 (Q6_K, Q3_K), or an opening fp16 and whole words (the lattice IQ types), whose 8
-    // rows' fp16 the interleaved block keeps side by side after (before) the words (dflash_cpu_interleave)
+    // whole words and a closing fp16 (Q6_K, Q3_K), or an opening fp16 and whole words (every other block with one
+    // fp16 beside whole words: the lattice IQ types here), whose 8 rows' fp16 the interleaved block keeps side by side
+    // after (before) the words: the rule dflash_cpu_interleave lays them out by
     static constexpr bool CLOSING_F16 = std::is_same_v<Row, block_q6_K> || std::is_same_v<Row, block_q3_K>;
-    static constexpr bool OPENING_F16 = std::is_same_v<Row, block_iq3_xxs> || std::is_same_v<Row, block_iq3_s> ||
-                                        std::is_same_v<Row, block_iq2_xxs> || std::is_same_v<Row, block_iq2_xs> ||
-                                        std::is_same_v<Row, block_iq2_s>;
+    static constexpr bool OPENING_F16 = sizeof(Row) % 4 == 2 && !CLOSING_F16;
 
     DFLASH_INLINE TileRows(const Tile & t, int64_t b) {
         // formats of whole words, with or without one fp16 (dflash_cpu_interleave_wanted)
