@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dflash_gguf.assets import shipped_drafter_for  # noqa: E402
-from dflash_gguf.bench.tau import NativeDraftProbe, continuations  # noqa: E402
+from dflash_gguf.bench.tau import NativeDraftProbe, continuations, walk_blocks  # noqa: E402
 from dflash_gguf.packaged_models import smollm2_q4_1  # noqa: E402
 from lab.learn_harness import SHARED, domain_rows, rendered  # noqa: E402
 
@@ -46,21 +46,14 @@ def split_anchors(probe: NativeDraftProbe, conts) -> dict:
     """{(category, 'copy' | 'other'): [(accepted, copier's), ...]} over every anchor of the walks."""
     out: dict = {}
     for c in conts:
-        seq, n_prompt = c.seq, c.n_prompt
-        prompt = seq[:n_prompt]
+        prompt = c.seq[:c.n_prompt]
         starts: dict = {}
         for i in range(len(prompt) - GRAM):
             starts.setdefault(tuple(prompt[i:i + GRAM]), []).append(i + GRAM)
-        probe.restart()
-        p = n_prompt
-        while p < len(seq) - 1:
-            drafts = probe.draft_at(seq, c.feats, p)
-            n = min(probe.block - 1, len(seq) - 1 - p)
-            k = int(np.cumprod(drafts[:n] == np.asarray(seq[p + 1:p + 1 + n])).sum())
-            copier = copy_match(prompt, starts, seq, p, n)
+        for p, n, k in walk_blocks(probe, c):
+            copier = copy_match(prompt, starts, c.seq, p, n)
             kind = (c.row.get("category", "chat"), "copy" if copier else "other")
             out.setdefault(kind, []).append((k, copier))
-            p += k + 1
     return out
 
 
@@ -80,10 +73,15 @@ def main() -> None:
         rows = read_rows(sorted(SHARED.glob("*.jsonl")), a.shared)
     else:
         rows = rendered(domain_rows(a.domain)[a.first:a.first + a.test])
+    conts, taps = None, None
     for drafter in a.drafter or [shipped_drafter_for(target)]:
         probe = NativeDraftProbe(target, drafter, a.threads)
         try:
-            kinds = split_anchors(probe, continuations(probe, rows, a.max_tokens))
+            if conts is None:              # the target's continuations, walked by every drafter of the same taps
+                conts, taps = continuations(probe, rows, a.max_tokens), probe.taps
+            elif probe.taps != taps:
+                raise SystemExit(f"{drafter}: taps {probe.taps}, not the first drafter's {taps}; run it on its own")
+            kinds = split_anchors(probe, conts)
         finally:
             probe.close()
         total = sum(len(v) for v in kinds.values())

@@ -132,6 +132,20 @@ def continuations(probe: NativeDraftProbe, prompts: list[dict], max_tokens: int,
     return out
 
 
+def walk_blocks(probe: NativeDraftProbe, c: Continuation):
+    """(anchor p, drafts n, accepted k) of each block along one continuation, as a greedy speculative run takes
+    them: seq[p] is the newest token, not yet verified; the next anchor follows the k accepted and the target's."""
+    seq = c.seq
+    probe.restart()
+    p = c.n_prompt
+    while p < len(seq) - 1:
+        drafts = probe.draft_at(seq, c.feats, p)
+        n = min(probe.block - 1, len(seq) - 1 - p)
+        k = int(np.cumprod(drafts[:n] == np.asarray(seq[p + 1:p + 1 + n])).sum())
+        yield p, n, k
+        p += k + 1
+
+
 def walk_tau(probe: NativeDraftProbe, conts: list[Continuation]) -> TauReport:
     """τ of the probe's drafter along each continuation, as a greedy speculative run would accept its drafts."""
     from ..engine.acceptance import Walk  # noqa: PLC0415
@@ -142,16 +156,10 @@ def walk_tau(probe: NativeDraftProbe, conts: list[Continuation]) -> TauReport:
     per_prompt = []
     for c in conts:
         cat, seq = c.row.get("category", "chat"), c.seq
-        probe.restart()
-        p, n_calls = c.n_prompt, 0                                     # seq[p]: the newest token, not yet verified
-        while p < len(seq) - 1:
-            drafts = probe.draft_at(seq, c.feats, p)
-            n = min(block - 1, len(seq) - 1 - p)
-            right = drafts[:n] == np.asarray(seq[p + 1:p + 1 + n])
-            k = int(np.cumprod(right).sum())
+        n_calls = 0
+        for _, n, k in walk_blocks(probe, c):
             walk.block(k, n)
             n_calls += 1
-            p += k + 1
         generated = len(seq) - c.n_prompt
         calls[cat] = calls.get(cat, 0) + n_calls
         made[cat] = made.get(cat, 0) + generated - 1
