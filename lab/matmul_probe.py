@@ -17,7 +17,8 @@ from dflash_gguf.native.lib import NativeLibrary, bind, libname
 
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
               "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq2_xxs": 16, "iq2_xs": 17, "iq3_xxs": 18,
-              "iq1_s": 19, "iq4_nl": 20, "iq3_s": 21, "iq2_s": 22, "iq4_xs": 23, "iq1_m": 29, "bf16": 30}
+              "iq1_s": 19, "iq4_nl": 20, "iq3_s": 21, "iq2_s": 22, "iq4_xs": 23, "iq1_m": 29, "bf16": 30,
+              "tq1_0": 34, "tq2_0": 35, "mxfp4": 39, "nvfp4": 40}
 
 _P, _S, _I64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64
 

@@ -1,5 +1,5 @@
 """Interleaved weights (gemm.h: dflash_cpu_interleave, patches/0014): Q2_K, Q3_K, Q4_K, Q5_K, Q4_0, Q4_1, Q5_0, Q5_1,
-Q8_0, IQ4_NL, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS and IQ2_S matrices whose rows are a multiple of 8, and Q6_K ones where
+Q8_0, IQ4_NL, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S and IQ1_M matrices whose rows are a multiple of 8, and Q6_K ones where
 VNNI runs, are kept, from load, with each
 block of each tile of 8 rows stored as its 4-byte words (Q8_0's quants as q + 128, Q5_0's fifth bits as masks of the
 unpacked lanes), so the kernels read a tile as one stream with no transposes. The layout must change nothing but speed:
@@ -23,7 +23,7 @@ from lab.matmul_probe import GGML_TYPES, MatmulProbe
 BATCHES = list(range(1, 17)) + [40]
 BLOCKS_OF_32 = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl")   # blocks of 32 weights; the K-quants' of 256
 # one fp16 scale, then whole words: the 8 rows' scales lead
-SCALE_FIRST = ("q4_0", "q5_0", "q8_0", "iq4_nl", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s")
+SCALE_FIRST = ("q4_0", "q5_0", "q8_0", "iq4_nl", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s")
 SCALE_LAST = ("q6_k", "q3_k")                       # whole words, then one fp16 scale: the 8 rows' scales close
 WITH_VNNI = ("q6_k",)          # interleaved at load only where VNNI runs (AVX2 keeps them in ggml's layout)
 Q8_K_BYTES = 292                    # one block_q8_K: its activations' row bytes per 256 values
@@ -93,7 +93,7 @@ def _activations(native, cpu, weight_type: str, x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("weight_type", ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
-                                         "iq4_nl", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s"])
+                                         "iq4_nl", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m"])
 def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu, weight_type):
     if kernels.isa == "none":
         pytest.skip("our CPU kernels do not run on this CPU")
@@ -107,7 +107,7 @@ def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu,
     kind = GGML_TYPES[weight_type]
     assert cpu.dflash_cpu_interleave_wanted(kind, n_rows) == (weight_type not in WITH_VNNI or kernels.isa != "avx2")
     assert not cpu.dflash_cpu_interleave_wanted(kind, n_rows - 4)          # a partial tile stays in ggml's layout
-    assert not cpu.dflash_cpu_interleave_wanted(GGML_TYPES["iq1_s"], n_rows)   # types without our kernels
+    assert not cpu.dflash_cpu_interleave_wanted(GGML_TYPES["tq2_0"], n_rows)   # types without our kernels
     inter = np.empty_like(raw)
     cpu.dflash_cpu_interleave(kind, n_rows, raw.shape[1], raw.ctypes.data, inter.ctypes.data)
     n_blocks = k // (32 if weight_type in BLOCKS_OF_32 else 256)

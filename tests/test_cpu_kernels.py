@@ -2,7 +2,7 @@
 
 Every product runs as a ggml MUL_MAT in `ggml_graph_compute`, i.e. through the dispatch a model's decode uses.
 Random Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS,
-IQ2_S, F16, BF16 and F32 weights (quantized by ggml; the IQ2 types with a flat importance matrix) times random activations of B = 1..16 columns and one wide batch, for shapes whose rows
+IQ2_S, IQ1_S, IQ1_M, F16, BF16 and F32 weights (quantized by ggml; the IQ2 and IQ1 types with a flat importance matrix) times random activations of B = 1..16 columns and one wide batch, for shapes whose rows
 are not a multiple of the tiles and K from 32 to 1536, on every instruction-set variant this CPU runs (an AVX-512 machine
 runs the AVX2 variant too):
 - against float64 products of the dequantized weights: normalized MSE within test-backend-ops' 5e-4
@@ -34,11 +34,12 @@ from lab.matmul_probe import MatmulProbe
 BATCHES = list(range(1, 17)) + [40]     # 40: wider than one pass on AVX2 and on AVX-512
 NMSE_VS_F32 = 5e-4                      # test-backend-ops' MUL_MAT tolerance
 QUANTIZED = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs",
-             "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s"]
+             "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m"]
 TYPES = QUANTIZED + ["f16", "bf16", "f32"]
 NMSE_VS_STOCK = {t: 1e-9 for t in QUANTIZED} | {"f16": 1e-5, "bf16": 1e-4, "f32": 1e-9}
 # the AVX-512 variant may step their tiles in pairs
-K_TILED = {"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s"}
+K_TILED = {"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s",
+           "iq1_m"}
 # weights per block (32 for the rest)
 BLOCK = {t: 256 for t in K_TILED} | {"f16": 1, "bf16": 1, "f32": 1}
 # (n_rows, k, threads): rows not a multiple of the 8-row tiles, one and several blocks per row
@@ -192,53 +193,41 @@ def test_isa_none_is_ggmls_own_path(native, kernels, weight_type):
     probe.close()
 
 
-# Types our kernels do not cover (the IQ1 lattice formats): ggml's own paths, kept width-independent by
-# patches/0010 (here: its tiled K-quant matmul, which takes 8 columns and more in another order than vec_dot)
-UNCOVERED = ["iq1_s", "iq1_m"]
+# Types our kernels do not cover (the ternary and FP4 formats): ggml's own vec_dot paths, kept width-independent by
+# patches/0010 (no tinyBLAS, no tiled K-quant matmul, repacked weights through the one-column gemv)
+UNCOVERED = ["tq1_0", "tq2_0", "mxfp4", "nvfp4"]
 
 
 @pytest.mark.parametrize("weight_type", UNCOVERED)
 def test_types_our_kernels_do_not_cover_stay_batch_invariant(native, kernels, weight_type):
-    """ggml's tinyBLAS, tiled and repacked paths sum in an order that depends on the width; with batch invariance on,
-    these types take vec_dot (or the one-column gemv) for every width: column j of a B-column product equals that
-    column alone. With ggml's own paths (isa none) the same products differ from 8 columns: what patches/0010
-    prevents, so the test fails without it."""
+    """Column j of a B-column product equals that column alone, for every B, and the products match float64. Until
+    2026-12-06 the IQ1 types were here, and with ggml's own paths (isa none) their products differed from 8 columns
+    (its tiled K-quant matmul); these four take vec_dot at every width there too (measured, isa none, this shape),
+    so what this guards is that the dispatch keeps them on it."""
     from gguf import GGMLQuantizationType
     assert kernels.batch_invariant
     n_rows, k = 40, 512
     rng = np.random.default_rng(11)
     w = rng.standard_normal((n_rows, k), dtype=np.float32)
     x = rng.standard_normal((max(BATCHES), k), dtype=np.float32)
-
-    def widths_differing_from_alone() -> set[int]:
-        # a probe of its own: its plans size the work buffer for the paths the current variant takes (tiled or not)
-        probe = MatmulProbe(native, weight_type, [(n_rows, k)], BATCHES)
-        raw = probe.quantize(w)
-        probe.set_weights(0, raw)
-        w_deq = quants.dequantize(raw, GGMLQuantizationType[weight_type.upper()]).astype(np.float64)
-        alone = []
-        for j in range(len(x)):
-            probe.set_activations(x[j:j + 1])
-            probe.compute(1, 2)
-            alone.append(probe.result(1)[0].copy())
-        widths = set()
-        for n in BATCHES[1:]:
-            probe.set_activations(x[:n])
-            probe.compute(n, 2)
-            out = probe.result(n)
-            assert nmse(out, x[:n].astype(np.float64) @ w_deq.T) <= NMSE_VS_F32
-            if any(not np.array_equal(out[j].view(np.uint32), alone[j].view(np.uint32)) for j in range(n)):
-                widths.add(n)
-        probe.close()
-        return widths
-
-    assert widths_differing_from_alone() == set(), f"{weight_type}: a verify column differs from that column alone"
-    chosen = kernels.isa
-    assert kernels.set_isa("none")
-    try:
-        assert widths_differing_from_alone(), f"{weight_type}: ggml's own paths are width-independent here too"
-    finally:
-        kernels.set_isa(chosen)
+    probe = MatmulProbe(native, weight_type, [(n_rows, k)], BATCHES)
+    raw = probe.quantize(w)
+    probe.set_weights(0, raw)
+    w_deq = quants.dequantize(raw, GGMLQuantizationType[weight_type.upper()]).astype(np.float64)
+    alone = []
+    for j in range(len(x)):
+        probe.set_activations(x[j:j + 1])
+        probe.compute(1, 2)
+        alone.append(probe.result(1)[0].copy())
+    for n in BATCHES[1:]:
+        probe.set_activations(x[:n])
+        probe.compute(n, 2)
+        out = probe.result(n)
+        assert nmse(out, x[:n].astype(np.float64) @ w_deq.T) <= NMSE_VS_F32
+        for j in range(n):
+            assert np.array_equal(out[j].view(np.uint32), alone[j].view(np.uint32)), \
+                f"{weight_type}: column {j} of {n} differs from that column alone"
+    probe.close()
 
 
 Q8_K_BLOCK = np.dtype([("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)])   # ggml's block_q8_K

@@ -1,8 +1,8 @@
 """Batch invariance of a whole target on the CPU, bit for bit: the logits of row i of a verify batch of B = 2..16
 tokens equal those of the same token decoded alone, for the embedded SmolLM2 at each precision (Q4_1 with its Q8_0
 output head, F16, BF16, F32, Q4_0, Q5_1, Q4_K_M, IQ4_NL, IQ4_XS), for Gemma 3 270M Q4_K_M and for a tiny random
-Qwen3 at Q3_K_M (17 of its matrices Q3_K), at Q2_K and at IQ3_S, a tiny random Qwen3 MoE at Q4_K_M and Q4_0 (its experts
-through mul_mat_id); F16 / F32 / Q8_0 KV caches; a short context and one past 512
+Qwen3 at Q3_K_M (17 of its matrices Q3_K), at Q2_K, IQ3_S, IQ1_S, IQ1_M, IQ2_XXS and IQ2_XS, a tiny random Qwen3 MoE
+at Q4_K_M and Q4_0 (its experts through mul_mat_id); F16 / F32 / Q8_0 KV caches; a short context and one past 512
 cells (where ggml's CPU flash attention used to split a single row's KV over threads); at one thread as well, where
 our flash attention gives a unit of work all of SmolLM2's 3 K/V heads up to B = 7 and one K/V head from B = 8, so
 rows taken both ways are compared; and the same logits at 1, 2 and 3 threads past several of flash attention's
@@ -40,6 +40,7 @@ def _target_file(precision: str):
 
 
 # bf16 / q5_1 / tiny-q3_k_m (Q3_K, Q4_K, Q5_K, Q6_K) / tiny-q2_k (Q2_K, Q3_K, Q4_K, Q6_K) / tiny-iq3_s (IQ3_S, Q6_K) /
+# tiny-iq1_s, tiny-iq1_m, tiny-iq2_xxs, tiny-iq2_xs (every layer matrix of that type, a flat importance matrix) /
 # q4_0 / q4_k_m / iq4_nl / iq4_xs (IQ4_XS where rows allow, IQ4_NL elsewhere) / gemma3 (Q4_K, Q5_0, Q6_K, Q8_0): the
 # files people download, through our kernels; gemma3 past 512 cells crosses its sliding window; tiny-moe-*: a random
 # Qwen3 MoE (8 experts, 2 used), whose experts go through ggml's mul_mat_id (rows routed per expert)
@@ -47,7 +48,8 @@ def _target_file(precision: str):
 @pytest.mark.parametrize("precision,kv,n_context,n_threads", [
     *[(p, kv, n, 2) for p, kv in (("q4_1", "f16"), ("f16", "f16"), ("f32", "f32"), ("q4_1", "q8_0")) for n in (40, 600)],
     ("bf16", "f16", 40, 2), ("q5_1", "f16", 40, 2), ("tiny-q3_k_m", "f16", 40, 2), ("tiny-q2_k", "f16", 40, 2),
-    ("tiny-iq3_s", "f16", 40, 2), ("tiny-moe-q4_k_m", "f16", 40, 2), ("tiny-moe-q4_0", "f16", 40, 2),
+    ("tiny-iq3_s", "f16", 40, 2), ("tiny-iq1_s", "f16", 40, 2), ("tiny-iq1_m", "f16", 40, 2),
+    ("tiny-iq2_xxs", "f16", 40, 2), ("tiny-iq2_xs", "f16", 40, 2), ("tiny-moe-q4_k_m", "f16", 40, 2), ("tiny-moe-q4_0", "f16", 40, 2),
     ("q4_0", "f16", 40, 2), ("q4_k_m", "f16", 40, 2), ("iq4_nl", "f16", 40, 2), ("iq4_xs", "f16", 40, 2),
     ("gemma3", "f16", 40, 2), ("gemma3", "f16", 600, 2), ("q4_k_m", "f16", 40, 1), ("q4_k_m", "f16", 600, 1)])
 def test_verify_rows_equal_single_token_logits(precision, kv, n_context, n_threads):

@@ -142,6 +142,8 @@ extern "C" bool dflash_cpu_gemm_wanted(enum ggml_type type, int64_t n_cols) {
         case GGML_TYPE_IQ2_XXS:
         case GGML_TYPE_IQ2_XS:
         case GGML_TYPE_IQ2_S:
+        case GGML_TYPE_IQ1_S:
+        case GGML_TYPE_IQ1_M:
             return true;
         default:
             return false;
@@ -192,6 +194,8 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ2_XXS, gemm_iq2_xxs)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ2_XS, gemm_iq2_xs)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ2_S, gemm_iq2_s)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ1_S, gemm_iq1_s)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ1_M, gemm_iq1_m)
         default:
             return false;
     }
@@ -222,6 +226,8 @@ extern "C" bool dflash_cpu_interleave_wanted(enum ggml_type type, int64_t n_rows
         case GGML_TYPE_IQ2_XXS:
         case GGML_TYPE_IQ2_XS:
         case GGML_TYPE_IQ2_S:
+        case GGML_TYPE_IQ1_S:
+        case GGML_TYPE_IQ1_M:
             return true;
         case GGML_TYPE_Q6_K:   // where VNNI runs its dot steps: without it one column read ggml's layout faster (gemm.h)
             return isa == ISA_AVX512 || isa == ISA_AVXVNNI;
@@ -313,6 +319,8 @@ extern "C" bool dflash_cpu_gemm_interleaved(enum ggml_type type, int64_t n_rows,
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ2_XXS, gemm_iq2_xxs_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ2_XS, gemm_iq2_xs_interleaved)
         DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ2_S, gemm_iq2_s_interleaved)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ1_S, gemm_iq1_s_interleaved)
+        DFLASH_CPU_GEMM_CASE(GGML_TYPE_IQ1_M, gemm_iq1_m_interleaved)
         default:
             return false;
     }

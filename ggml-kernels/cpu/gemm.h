@@ -5,8 +5,8 @@
 // every width of a covered type (one column too) to the same kernel family. So the logits of a row of
 // a verify batch equal, bit for bit, those of the same token decoded alone (tests/test_cpu_kernels.py,
 // tests/test_exactness.py). Covered: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS,
-// IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S (quantized activations, tile_gemm.h), F16, BF16, F32 (float_gemm.cpp).
-// Other types (IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4, NVFP4) take ggml's
+// IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M (quantized activations, tile_gemm.h), F16, BF16, F32
+// (float_gemm.cpp). Other types (TQ1_0, TQ2_0, MXFP4, NVFP4) take ggml's
 // width-independent paths (dflash_cpu_batch_invariant).
 //
 // Speed: ggml-cpu multiplies Q4_1 weights by a separate vec_dot per (row, column) pair, decoding each
@@ -50,7 +50,7 @@ bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_
 // without the per-call transposes, one column took 0.67x and 8 columns 0.77x the time in ggml's row layout; Q6_K
 // where VNNI runs, 0.86-0.97x at 1 column and 0.86-0.93x at 4 to 16, while AVX2's one column took 1.04-1.07x;
 // Q2_K and Q3_K, every ISA: 0.84-0.94x at 1 column and 0.78-0.99x at 8 on the ~2B shape; Q4_0: docs/cpu-kernels.md;
-// Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; the lattice IQ types IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S) are kept, from load,
+// Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; the lattice IQ types IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) are kept, from load,
 // with each block of each tile of 8 rows stored as its 4-byte words, word w of row r at 32 w + 4 r; a block that opens
 // with one fp16 scale before whole words (Q4_0, Q5_0, Q8_0, IQ4_NL, the lattice types) keeps the 8 rows' scales
 // first, 16 bytes, and its words after them, at 16 + 32 w + 4 r; one that closes

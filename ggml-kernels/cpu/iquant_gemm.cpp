@@ -1,8 +1,10 @@
-// dflash-gguf: IQ4_XS and the lattice formats IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS and IQ2_S weights x Q8_K activations
+// dflash-gguf: IQ4_XS and the lattice formats IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S and IQ1_M weights x Q8_K
+// activations
 // (see tile_gemm.h, kquant.h).
 //
 // All hold, per super-block of 256 weights, 8 groups of 32 signed values v scaled per group by an integer:
-//   w = d * sc_g * v      (IQ3_XXS: w = d / 4 * sc_g * v; the IQ2 types: d / 8, IQ2_XS and IQ2_S a scale per 16)
+//   w = d * sc_g * v      (IQ3_XXS: w = d / 4 * sc_g * v; the IQ2 and IQ1 types: d / 8, IQ2_XS, IQ2_S and IQ1_M a scale
+//   per 16; IQ1_S and IQ1_M: v = 8 point +- 1)
 // Per row, super-block and column one exact integer isum = sum_g sc_g * sum(v * p), then one float step:
 // acc += isum * (d * d_a). The transposed tile (lanes = rows) keeps with VNNI v + 128 for its unsigned x signed steps
 // and subtracts 128 * sum_g sc_g * sum(p); without VNNI (v + 128 would overflow AVX2's int16 pairs) |v| and v's
@@ -455,6 +457,80 @@ struct IQ2_S : SignedGroups<IQ2_S, block_iq2_s, 0, true> {
     }
 };
 
+// ---- IQ1_S, IQ1_M ----
+// Grid points of 8 values in {-1, 0, 1} (ggml's iq1s_grid, bytes), shifted by +-IQ1S_DELTA = +-1/8:
+// w = d * (2 ls + 1) * (point + delta) = d / 8 * (2 ls + 1) * (8 point +- 1), so the tile holds v = 8 point +- 1 (|v| <= 9).
+
+// 8 point + delta of 8 rows' half h of grid points n (lanes), delta the bytes +-1 of each lane
+DFLASH_INLINE __m256i shifted_points(__m256i n, int h, __m256i delta) {
+    const __m256i point = gather_half_points(iq1s_grid, n, h);
+    return _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), point), delta);
+}
+
+// the bytes -1 where bit `bit` of a lane is set, 1 elsewhere
+DFLASH_INLINE __m256i delta_bytes(__m256i word, int bit) {
+    return _mm256_or_si256(_mm256_srai_epi32(_mm256_slli_epi32(word, 31 - bit), 31), _mm256_set1_epi8(1));
+}
+
+// ggml's dequantize_row_iq1_s: per group g a 16-bit qh[g]: the high 3 bits of its 4 grid indices (index l: bits 3l..3l+2;
+// the low 8 in qs[4g + l]; point l: values 8l..8l+7), ls_g in bits 12..14 and the sign of the group's delta in bit 15
+struct IQ1_S : SignedGroups<IQ1_S, block_iq1_s, 0> {
+    static constexpr float D_SCALE = 0.125f;   // of d in every float step (w = d * D_SCALE * sc * v)
+
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, Packed & out) {
+        using V = V8;
+        const TileRows<block_iq1_s> r(t, b);
+        for (int g = 0; g < GROUPS; ++g) {
+            const __m256i pair = r.lanes_u32(offsetof(block_iq1_s, qh) + 4 * (g / 2));
+            const __m256i qh = V::and_(V::srli32(pair, 16 * (g % 2)), V::set1(0xFFFF));
+            out.sc[g] = odd_scales(V::and_(V::srli32(qh, 12), V::set1(7)));
+            const __m256i delta = delta_bytes(qh, 15);
+            const __m256i indices = r.lanes_u32(offsetof(block_iq1_s, qs) + 4 * g);
+            for (int l = 0; l < 4; ++l) {
+                const __m256i n = V::or_(lane_byte<V>(indices, l), V::slli32(V::and_(V::srli32(qh, 3 * l), V::set1(7)), 8));
+                for (int h = 0; h < 2; ++h) {
+                    lane_signed_values(out, g, 2 * l + h, shifted_points(n, h, delta));
+                }
+            }
+        }
+        finish_unpack(out, r.lanes_f16(0));
+    }
+};
+
+// ggml's dequantize_row_iq1_m: no d field; its fp16 is the top nibbles of the four 16-bit words of scales (the first
+// word's the lowest), whose word g / 2 holds ls of group g's values 0..15 and 16..31 at bits 6 (g % 2) and
+// 6 (g % 2) + 3; per group a 16-bit word of qh (qh[2g], qh[2g + 1]) holds for grid index l (low 8 bits in qs[4g + l])
+// its high 3 bits at bits 4l..4l+2 and the sign of its point's delta at bit 4l + 3
+struct IQ1_M : SignedGroups<IQ1_M, block_iq1_m, 0, true> {
+    static constexpr float D_SCALE = 0.125f;   // of d in every float step (w = d * D_SCALE * sc * v)
+
+    static DFLASH_INLINE void unpack(const Tile & t, int64_t b, Packed & out) {
+        using V = V8;
+        const TileRows<block_iq1_m> r(t, b);
+        constexpr size_t SCALES = offsetof(block_iq1_m, scales);
+        const __m256i low = r.lanes_u32(SCALES), high = r.lanes_u32(SCALES + 4);
+        for (int g = 0; g < GROUPS; ++g) {
+            const __m256i scales = g < 4 ? low : high;
+            const int shift = 16 * ((g / 2) % 2) + 6 * (g % 2);
+            out.sc[g] = odd_scales(V::and_(V::srli32(scales, shift), V::set1(7)));
+            out.sc_hi[g] = odd_scales(V::and_(V::srli32(scales, shift + 3), V::set1(7)));
+            const __m256i pair = r.lanes_u32(offsetof(block_iq1_m, qh) + 4 * (g / 2));
+            const __m256i qh = V::and_(V::srli32(pair, 16 * (g % 2)), V::set1(0xFFFF));
+            const __m256i indices = r.lanes_u32(offsetof(block_iq1_m, qs) + 4 * g);
+            for (int l = 0; l < 4; ++l) {
+                const __m256i n = V::or_(lane_byte<V>(indices, l), V::slli32(V::and_(V::srli32(qh, 4 * l), V::set1(7)), 8));
+                const __m256i delta = delta_bytes(qh, 4 * l + 3);
+                for (int h = 0; h < 2; ++h) {
+                    lane_signed_values(out, g, 2 * l + h, shifted_points(n, h, delta));
+                }
+            }
+        }
+        const __m256i d = V::or_(V::or_(V::and_(V::srli32(low, 12), V::set1(0x000F)), V::and_(V::srli32(low, 24), V::set1(0x00F0))),
+                                 V::or_(V::and_(V::srli32(high, 4), V::set1(0x0F00)), V::and_(V::srli32(high, 16), V::set1(0xF000))));
+        finish_unpack(out, f16_half_lanes(d, false));
+    }
+};
+
 }  // namespace
 
 #endif  // DFLASH_CPU_GEMM_X86
@@ -465,6 +541,8 @@ DFLASH_CPU_GEMM_ENTRY(gemm_iq3_s, IQ3_S)
 DFLASH_CPU_GEMM_ENTRY(gemm_iq2_xxs, IQ2_XXS)
 DFLASH_CPU_GEMM_ENTRY(gemm_iq2_xs, IQ2_XS)
 DFLASH_CPU_GEMM_ENTRY(gemm_iq2_s, IQ2_S)
+DFLASH_CPU_GEMM_ENTRY(gemm_iq1_s, IQ1_S)
+DFLASH_CPU_GEMM_ENTRY(gemm_iq1_m, IQ1_M)
 
 }  // namespace DFLASH_CPU_VARIANT
 }  // namespace dflash_cpu

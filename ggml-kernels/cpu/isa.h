@@ -40,6 +40,8 @@
     DFLASH_CPU_QUANT_GEMM(gemm_iq2_xxs)                                                                        \
     DFLASH_CPU_QUANT_GEMM(gemm_iq2_xs)                                                                         \
     DFLASH_CPU_QUANT_GEMM(gemm_iq2_s)                                                                          \
+    DFLASH_CPU_QUANT_GEMM(gemm_iq1_s)                                                                          \
+    DFLASH_CPU_QUANT_GEMM(gemm_iq1_m)                                                                          \
     /* activations of the K-quants, as ggml's quantize_row_q8_K_ref writes them (gemm.h) */                 \
     bool quantize_q8_k(const float * x, void * y, int64_t k);                                                 \
     /* whether this core runs 512-bit dot steps as fast as 256-bit ones (false where the variant has none) */  \

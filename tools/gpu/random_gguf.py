@@ -2,7 +2,9 @@
 """Random-weight GGUFs of a real model's shape, for timing only (GPU check: the 8B verify curve, MoE offload).
 
 gguf-py writes an F16 file whose tensors are views of one tiled random block (seconds even for 8B
-parameters), then llama_model_quantize turns it into the requested type and the F16 file is deleted.
+parameters), then llama_model_quantize turns it into the requested type and the F16 file is deleted. The types
+llama.cpp writes only with an importance matrix (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS) are written directly instead: every
+matrix of a layer quantized by ggml with a flat importance matrix, the output head Q6_K, the token embedding Q8_0.
 The vocabulary is convert/synthetic's (made-up words plus the 256 byte tokens), so any text tokenizes.
 A file already written for the same spec is reused (`<out>.json` records the spec).
 
@@ -91,6 +93,67 @@ def write_f16(path: Path, g: dict, seed: int = 0) -> int:
     return sum(int(np.prod(s)) for s in shapes.values())
 
 
+# ftype -> (ggml type id, llama.cpp's file type) of the types written without llama_model_quantize (the docstring)
+DIRECT = {"iq2_xxs": (16, 19), "iq2_xs": (17, 20), "iq1_s": (19, 24), "iq1_m": (29, 31)}
+_Q8_0, _Q6_K = 8, 14
+
+
+def _quantizer():
+    """ggml_quantize_chunk over float32 [rows, k]: uint8 [rows, row bytes], a flat importance matrix where the type
+    needs one."""
+    import ctypes
+
+    from dflash_gguf.native.lib import bind, load
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    base = bind(load().ggml_base, {
+        "ggml_row_size": ([ctypes.c_int, i64], ctypes.c_size_t),
+        "ggml_quantize_chunk": ([ctypes.c_int, p, p, i64, i64, i64, p], ctypes.c_size_t),
+        "ggml_quantize_requires_imatrix": ([ctypes.c_int], ctypes.c_bool)})
+
+    def quantize(kind: int, w: np.ndarray) -> np.ndarray:
+        w = np.ascontiguousarray(w, dtype=np.float32)
+        rows, k = w.shape
+        out = np.empty((rows, base.ggml_row_size(kind, k)), np.uint8)
+        flat = np.ones(k, np.float32) if base.ggml_quantize_requires_imatrix(kind) else None
+        base.ggml_quantize_chunk(kind, w.ctypes.data, out.ctypes.data, 0, rows, k,
+                                 None if flat is None else flat.ctypes.data)
+        return out
+    return quantize
+
+
+def write_direct(path: Path, g: dict, ftype: str, seed: int = 0) -> int:
+    """The F16 file's tensors, its matrices quantized here (DIRECT); returns the number of parameters."""
+    import gguf
+
+    f16 = path.with_name(path.name + ".f16.gguf")
+    n_params = write_f16(f16, g, seed)
+    quantize = _quantizer()
+    reader = gguf.GGUFReader(str(f16))
+    w = gguf.GGUFWriter(str(path), g["arch"])
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        value = field.contents()
+        if field.name == "general.file_type":
+            value = DIRECT[ftype][1]
+        w.add_key_value(field.name, value, field.types[0], field.types[-1] if len(field.types) > 1 else None)
+    for t in reader.tensors:
+        shape = tuple(int(d) for d in reversed(t.shape))            # numpy order: [..., rows, k]
+        data = np.asarray(t.data).reshape(shape)
+        if len(shape) == 1:
+            w.add_tensor(t.name, data)
+            continue
+        kind = _Q8_0 if t.name == "token_embd.weight" else _Q6_K if t.name == "output.weight" else DIRECT[ftype][0]
+        raw = quantize(kind, data.reshape(-1, shape[-1]).astype(np.float32))
+        w.add_tensor(t.name, raw.reshape(*shape[:-1], raw.shape[-1]), raw_dtype=gguf.GGMLQuantizationType(kind))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    f16.unlink()
+    return n_params
+
+
 def make(shape: str, ftype: str, out: Path, seed: int = 0) -> dict:
     """The quantized random GGUF at `out` (reused when its spec matches); a JSON-able description."""
     from dflash_gguf.native.quantize import llama_quantize
@@ -103,10 +166,15 @@ def make(shape: str, ftype: str, out: Path, seed: int = 0) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     f16 = out.with_name(out.name + ".f16.gguf") if ftype != "f16" else out
     t0 = time.perf_counter()
-    n_params = write_f16(f16, g, seed)
+    if ftype in DIRECT:
+        tmp = out.with_name(f".{out.name}.direct")
+        n_params = write_direct(tmp, g, ftype, seed)
+        tmp.replace(out)
+    else:
+        n_params = write_f16(f16, g, seed)
     t_write = time.perf_counter() - t0
     t_quant = 0.0
-    if ftype != "f16":
+    if ftype != "f16" and ftype not in DIRECT:
         t0 = time.perf_counter()
         llama_quantize(f16, out, ftype)
         t_quant = time.perf_counter() - t0
