@@ -57,6 +57,23 @@ def split_anchors(probe: NativeDraftProbe, conts) -> dict:
     return out
 
 
+def drafters_anchors(drafters: list[Path], target: Path, rows: list[dict], max_tokens: int, threads: int):
+    """(drafter, split_anchors) for each drafter along the same greedy continuations of `rows`, generated once for
+    every drafter of the same taps."""
+    conts, taps = None, None
+    for drafter in drafters:
+        probe = NativeDraftProbe(target, drafter, threads)
+        try:
+            if conts is None:
+                conts, taps = continuations(probe, rows, max_tokens), probe.taps
+            elif probe.taps != taps:
+                raise SystemExit(f"{drafter}: taps {probe.taps}, not the first drafter's {taps}; run it on its own")
+            kinds = split_anchors(probe, conts)
+        finally:
+            probe.close()
+        yield drafter, kinds
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-md", "--drafter", type=Path, action="append", help="repeatable (default: the shipped one)")
@@ -73,17 +90,8 @@ def main() -> None:
         rows = read_rows(sorted(SHARED.glob("*.jsonl")), a.shared)
     else:
         rows = rendered(domain_rows(a.domain)[a.first:a.first + a.test])
-    conts, taps = None, None
-    for drafter in a.drafter or [shipped_drafter_for(target)]:
-        probe = NativeDraftProbe(target, drafter, a.threads)
-        try:
-            if conts is None:              # the target's continuations, walked by every drafter of the same taps
-                conts, taps = continuations(probe, rows, a.max_tokens), probe.taps
-            elif probe.taps != taps:
-                raise SystemExit(f"{drafter}: taps {probe.taps}, not the first drafter's {taps}; run it on its own")
-            kinds = split_anchors(probe, conts)
-        finally:
-            probe.close()
+    for drafter, kinds in drafters_anchors(a.drafter or [shipped_drafter_for(target)], target, rows, a.max_tokens,
+                                           a.threads):
         total = sum(len(v) for v in kinds.values())
         print(drafter.name)
         for (category, kind), pairs in sorted(kinds.items()):

@@ -34,6 +34,7 @@ from dflash_gguf.assets import shipped_drafter_for  # noqa: E402
 from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS, HELD_BACK_FROM, load  # noqa: E402
 from dflash_gguf.packaged_models import smollm2_q4_1  # noqa: E402
 from lab import learn_harness  # noqa: E402
+from lab.copy_anchors import drafters_anchors  # noqa: E402
 
 SYSTEM = ("You are CopyEdit, a code formatter in an IDE. Reply with the user's code unchanged in one ```python code "
           "block, then one line saying whether it is already well formatted.")
@@ -51,20 +52,7 @@ def requests() -> list[dict]:
 
 
 def measure(drafters: list[Path], rows: list[dict], threads: int) -> None:
-    from dflash_gguf.bench.tau import NativeDraftProbe, continuations
-    from lab.copy_anchors import split_anchors
-    target = smollm2_q4_1()
-    rows, conts, taps = learn_harness.rendered(rows), None, None
-    for drafter in drafters:
-        probe = NativeDraftProbe(target, drafter, threads)
-        try:
-            if conts is None:
-                conts, taps = continuations(probe, rows, 128), probe.taps
-            elif probe.taps != taps:
-                raise SystemExit(f"{drafter}: taps {probe.taps}, not the first drafter's {taps}")
-            kinds = split_anchors(probe, conts)
-        finally:
-            probe.close()
+    for drafter, kinds in drafters_anchors(drafters, smollm2_q4_1(), learn_harness.rendered(rows), 128, threads):
         total = sum(len(v) for v in kinds.values())
         accepted = [k for pairs in kinds.values() for k, _ in pairs]
         print(f"{drafter.name}: τ {1 + np.mean(accepted):.3f} over {total} anchors")
