@@ -30,6 +30,14 @@ from lab.learn_harness import SHARED, domain_rows, rendered  # noqa: E402
 GRAM = 3          # tokens ending at the anchor that must occur in the prompt
 
 
+def gram_starts(prompt: list[int]) -> dict:
+    """{GRAM tokens of the prompt: [the positions right after each place they occur]}, what copy_match looks up."""
+    starts: dict = {}
+    for i in range(len(prompt) - GRAM):
+        starts.setdefault(tuple(prompt[i:i + GRAM]), []).append(i + GRAM)
+    return starts
+
+
 def copy_match(prompt: list[int], starts: dict, seq: list[int], p: int, n: int) -> int:
     """Tokens after anchor p that a copy of the prompt would get right: the longest run, from any place where the
     prompt holds seq[p-2..p], that goes on as seq does (0: not a copy anchor)."""
@@ -47,9 +55,7 @@ def split_anchors(probe: NativeDraftProbe, conts) -> dict:
     out: dict = {}
     for c in conts:
         prompt = c.seq[:c.n_prompt]
-        starts: dict = {}
-        for i in range(len(prompt) - GRAM):
-            starts.setdefault(tuple(prompt[i:i + GRAM]), []).append(i + GRAM)
+        starts = gram_starts(prompt)
         for p, n, k in walk_blocks(probe, c):
             copier = copy_match(prompt, starts, c.seq, p, n)
             kind = (c.row.get("category", "chat"), "copy" if copier else "other")

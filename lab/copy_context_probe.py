@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from dflash_gguf.assets import shipped_drafter_for  # noqa: E402
 from dflash_gguf.packaged_models import smollm2_q4_1  # noqa: E402
 from dflash_gguf.target_file import TargetFile  # noqa: E402
-from lab.copy_anchors import GRAM, copy_match  # noqa: E402
+from lab.copy_anchors import copy_match, gram_starts  # noqa: E402
 
 _CTX_TOKENS = {}     # the context tokens of the pack being run (set around each forward)
 
@@ -129,9 +129,7 @@ def acceptance(trainer, data, ids: list[int]) -> dict:
             toks = np.asarray(data.tokens[r["offset"]:r["offset"] + r["length"]]).tolist()
             start = r["response_start"]
             prompt = toks[:start]
-            starts: dict = {}
-            for i in range(len(prompt) - GRAM):
-                starts.setdefault(tuple(prompt[i:i + GRAM]), []).append(i + GRAM)
+            starts = gram_starts(prompt)
             for anchors in data.walk_anchors(seq):
                 for chunk in np.array_split(anchors, max(1, len(anchors) // 48)):
                     pb = data.anchor_blocks(seq, chunk, B, trainer.config.mask_token_id)

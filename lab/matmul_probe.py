@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from dflash_gguf.native.lib import NativeLibrary, bind, libname
+from dflash_gguf.native.quantize import quantize_rows
 
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
               "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq2_xxs": 16, "iq2_xs": 17, "iq3_xxs": 18,
@@ -96,13 +97,7 @@ class MatmulProbe:
 
     def quantize(self, w: np.ndarray) -> np.ndarray:
         """ggml's own quantization of float32 [n_rows, k] to the weight type: uint8 [n_rows, row_bytes]."""
-        w = np.ascontiguousarray(w, dtype=np.float32)
-        out = np.empty((w.shape[0], self.row_bytes(w.shape[1])), np.uint8)
-        # the types ggml will not quantize without an importance matrix get a flat one (every column alike)
-        imatrix = np.ones(w.shape[1], np.float32) if self.base.ggml_quantize_requires_imatrix(self.type) else None
-        self.base.ggml_quantize_chunk(self.type, w.ctypes.data, out.ctypes.data, 0, w.shape[0], w.shape[1],
-                                      None if imatrix is None else imatrix.ctypes.data)
-        return out
+        return quantize_rows(self.type, w, self.base)
 
     def set_weights(self, i: int, raw: np.ndarray) -> None:
         """Raw rows of matrix i in ggml's layout, uint8 [n_rows, row_bytes]."""

@@ -1,9 +1,13 @@
-"""llama.cpp's own quantizer: K-quants (gguf-py can only dequantize them) and precision copies of targets."""
+"""llama.cpp's own quantizer: K-quants (gguf-py can only dequantize them) and precision copies of targets; ggml's
+quantizer of one matrix's rows."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
+
+import numpy as np
 
 from ..errors import UserError
 
@@ -30,3 +34,23 @@ def llama_quantize(src: Path, dst: Path, ftype: str, *, allow_requantize: bool =
         raise UserError(f"{src}: quantizing to {ftype} failed (llama_model_quantize returned {rc})")
     os.replace(tmp, dst)
     return dst
+
+
+_ROWS = {"ggml_row_size": ([ctypes.c_int, ctypes.c_int64], ctypes.c_size_t),
+         "ggml_quantize_chunk": ([ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                  ctypes.c_int64, ctypes.c_void_p], ctypes.c_size_t),
+         "ggml_quantize_requires_imatrix": ([ctypes.c_int], ctypes.c_bool)}
+
+
+def quantize_rows(ggml_type: int, w: np.ndarray, ggml_base: ctypes.CDLL | None = None) -> np.ndarray:
+    """ggml's own quantization of float32 [rows, k] to a ggml type id: uint8 [rows, row bytes]. The types ggml will
+    not quantize without an importance matrix get a flat one (every column alike)."""
+    from .lib import bind, load  # noqa: PLC0415
+    base = bind(ggml_base if ggml_base is not None else load().ggml_base, _ROWS)
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    rows, k = w.shape
+    out = np.empty((rows, base.ggml_row_size(ggml_type, k)), np.uint8)
+    flat = np.ones(k, np.float32) if base.ggml_quantize_requires_imatrix(ggml_type) else None
+    base.ggml_quantize_chunk(ggml_type, w.ctypes.data, out.ctypes.data, 0, rows, k,
+                             None if flat is None else flat.ctypes.data)
+    return out

@@ -62,18 +62,25 @@ def tensor_shapes(g: dict) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def write_f16(path: Path, g: dict, seed: int = 0) -> int:
-    """Write the F16 GGUF; returns the number of parameters."""
+# ftype -> (ggml type id, llama.cpp's file type) of the types written without llama_model_quantize (the docstring)
+DIRECT = {"iq2_xxs": (16, 19), "iq2_xs": (17, 20), "iq1_s": (19, 24), "iq1_m": (29, 31)}
+_Q8_0, _Q6_K = 8, 14
+
+
+def write_gguf(path: Path, g: dict, seed: int = 0, ftype: str = "f16") -> int:
+    """Write the F16 GGUF, or with a DIRECT ftype its matrices quantized by ggml as they are added; returns the number
+    of parameters."""
     import gguf
 
     from lab.synthetic import add_synthetic_vocab
     from dflash_gguf.convert.writer import add_decoder_hparams, finish
+    from dflash_gguf.native.quantize import quantize_rows
 
     arch = g["arch"]
     w = gguf.GGUFWriter(str(path), arch)
     add_decoder_hparams(w, n_layer=g["n_layer"], n_ctx=32768, n_embd=g["n_embd"], n_ff=g["n_ff"], n_head=g["n_head"],
                         n_head_kv=g["n_head_kv"], head_dim=g["head_dim"], rms_eps=1e-6, rope_base=1000000.0)
-    w.add_file_type(1)
+    w.add_file_type(DIRECT[ftype][1] if ftype in DIRECT else 1)
     if arch == "qwen3moe":
         w.add_expert_count(g["n_expert"])
         w.add_expert_used_count(g["n_expert_used"])
@@ -88,70 +95,16 @@ def write_f16(path: Path, g: dict, seed: int = 0) -> int:
     ones = np.ones(max(s[0] for s in shapes.values() if len(s) == 1), dtype=np.float32)
     for name, shape in shapes.items():
         n = int(np.prod(shape))
-        w.add_tensor(name, ones[:n] if len(shape) == 1 else pool[:n].reshape(shape))
+        if len(shape) == 1:
+            w.add_tensor(name, ones[:n])
+        elif ftype not in DIRECT:
+            w.add_tensor(name, pool[:n].reshape(shape))
+        else:
+            kind = _Q8_0 if name == "token_embd.weight" else _Q6_K if name == "output.weight" else DIRECT[ftype][0]
+            raw = quantize_rows(kind, pool[:n].reshape(-1, shape[-1]))
+            w.add_tensor(name, raw.reshape(*shape[:-1], raw.shape[-1]), raw_dtype=gguf.GGMLQuantizationType(kind))
     finish(w)
     return sum(int(np.prod(s)) for s in shapes.values())
-
-
-# ftype -> (ggml type id, llama.cpp's file type) of the types written without llama_model_quantize (the docstring)
-DIRECT = {"iq2_xxs": (16, 19), "iq2_xs": (17, 20), "iq1_s": (19, 24), "iq1_m": (29, 31)}
-_Q8_0, _Q6_K = 8, 14
-
-
-def _quantizer():
-    """ggml_quantize_chunk over float32 [rows, k]: uint8 [rows, row bytes], a flat importance matrix where the type
-    needs one."""
-    import ctypes
-
-    from dflash_gguf.native.lib import bind, load
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    base = bind(load().ggml_base, {
-        "ggml_row_size": ([ctypes.c_int, i64], ctypes.c_size_t),
-        "ggml_quantize_chunk": ([ctypes.c_int, p, p, i64, i64, i64, p], ctypes.c_size_t),
-        "ggml_quantize_requires_imatrix": ([ctypes.c_int], ctypes.c_bool)})
-
-    def quantize(kind: int, w: np.ndarray) -> np.ndarray:
-        w = np.ascontiguousarray(w, dtype=np.float32)
-        rows, k = w.shape
-        out = np.empty((rows, base.ggml_row_size(kind, k)), np.uint8)
-        flat = np.ones(k, np.float32) if base.ggml_quantize_requires_imatrix(kind) else None
-        base.ggml_quantize_chunk(kind, w.ctypes.data, out.ctypes.data, 0, rows, k,
-                                 None if flat is None else flat.ctypes.data)
-        return out
-    return quantize
-
-
-def write_direct(path: Path, g: dict, ftype: str, seed: int = 0) -> int:
-    """The F16 file's tensors, its matrices quantized here (DIRECT); returns the number of parameters."""
-    import gguf
-
-    f16 = path.with_name(path.name + ".f16.gguf")
-    n_params = write_f16(f16, g, seed)
-    quantize = _quantizer()
-    reader = gguf.GGUFReader(str(f16))
-    w = gguf.GGUFWriter(str(path), g["arch"])
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue
-        value = field.contents()
-        if field.name == "general.file_type":
-            value = DIRECT[ftype][1]
-        w.add_key_value(field.name, value, field.types[0], field.types[-1] if len(field.types) > 1 else None)
-    for t in reader.tensors:
-        shape = tuple(int(d) for d in reversed(t.shape))            # numpy order: [..., rows, k]
-        data = np.asarray(t.data).reshape(shape)
-        if len(shape) == 1:
-            w.add_tensor(t.name, data)
-            continue
-        kind = _Q8_0 if t.name == "token_embd.weight" else _Q6_K if t.name == "output.weight" else DIRECT[ftype][0]
-        raw = quantize(kind, data.reshape(-1, shape[-1]).astype(np.float32))
-        w.add_tensor(t.name, raw.reshape(*shape[:-1], raw.shape[-1]), raw_dtype=gguf.GGMLQuantizationType(kind))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    f16.unlink()
-    return n_params
 
 
 def make(shape: str, ftype: str, out: Path, seed: int = 0) -> dict:
@@ -168,10 +121,10 @@ def make(shape: str, ftype: str, out: Path, seed: int = 0) -> dict:
     t0 = time.perf_counter()
     if ftype in DIRECT:
         tmp = out.with_name(f".{out.name}.direct")
-        n_params = write_direct(tmp, g, ftype, seed)
+        n_params = write_gguf(tmp, g, seed, ftype)
         tmp.replace(out)
     else:
-        n_params = write_f16(f16, g, seed)
+        n_params = write_gguf(f16, g, seed)
     t_write = time.perf_counter() - t0
     t_quant = 0.0
     if ftype != "f16" and ftype not in DIRECT:
