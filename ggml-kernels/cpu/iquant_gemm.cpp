@@ -472,6 +472,25 @@ DFLASH_INLINE __m256i delta_bytes(__m256i word, int bit) {
     return _mm256_or_si256(_mm256_srai_epi32(_mm256_slli_epi32(word, 31 - bit), 31), _mm256_set1_epi8(1));
 }
 
+// group g's 16-bit word of qh of 8 rows (lanes; each 32-bit word of qh holds two groups')
+template <typename Row>
+DFLASH_INLINE __m256i group_qh(const TileRows<Row> & r, int g) {
+    const __m256i pair = r.lanes_u32(offsetof(Row, qh) + 4 * (g / 2));
+    return _mm256_and_si256(_mm256_srli_epi32(pair, 16 * (g % 2)), _mm256_set1_epi32(0xFFFF));
+}
+
+// parts 2l and 2l + 1 of group g: 8 rows' grid point l, its low 8 index bits byte l of indices, its high 3 at bit
+// `high_bit` of qh, shifted by delta
+template <class Format>
+DFLASH_INLINE void shifted_point_halves(typename Format::Packed & out, int g, int l, __m256i indices, __m256i qh,
+                                        int high_bit, __m256i delta) {
+    const __m256i high = _mm256_and_si256(_mm256_srli_epi32(qh, high_bit), _mm256_set1_epi32(7));
+    const __m256i n = _mm256_or_si256(lane_byte<V8>(indices, l), _mm256_slli_epi32(high, 8));
+    for (int h = 0; h < 2; ++h) {
+        Format::lane_signed_values(out, g, 2 * l + h, shifted_points(n, h, delta));
+    }
+}
+
 // ggml's dequantize_row_iq1_s: per group g a 16-bit qh[g]: the high 3 bits of its 4 grid indices (index l: bits 3l..3l+2;
 // the low 8 in qs[4g + l]; point l: values 8l..8l+7), ls_g in bits 12..14 and the sign of the group's delta in bit 15
 struct IQ1_S : SignedGroups<IQ1_S, block_iq1_s, 0> {
@@ -481,16 +500,12 @@ struct IQ1_S : SignedGroups<IQ1_S, block_iq1_s, 0> {
         using V = V8;
         const TileRows<block_iq1_s> r(t, b);
         for (int g = 0; g < GROUPS; ++g) {
-            const __m256i pair = r.lanes_u32(offsetof(block_iq1_s, qh) + 4 * (g / 2));
-            const __m256i qh = V::and_(V::srli32(pair, 16 * (g % 2)), V::set1(0xFFFF));
+            const __m256i qh = group_qh(r, g);
             out.sc[g] = odd_scales(V::and_(V::srli32(qh, 12), V::set1(7)));
             const __m256i delta = delta_bytes(qh, 15);
             const __m256i indices = r.lanes_u32(offsetof(block_iq1_s, qs) + 4 * g);
             for (int l = 0; l < 4; ++l) {
-                const __m256i n = V::or_(lane_byte<V>(indices, l), V::slli32(V::and_(V::srli32(qh, 3 * l), V::set1(7)), 8));
-                for (int h = 0; h < 2; ++h) {
-                    lane_signed_values(out, g, 2 * l + h, shifted_points(n, h, delta));
-                }
+                shifted_point_halves<IQ1_S>(out, g, l, indices, qh, 3 * l, delta);
             }
         }
         finish_unpack(out, r.lanes_f16(0));
@@ -514,15 +529,10 @@ struct IQ1_M : SignedGroups<IQ1_M, block_iq1_m, 0, true> {
             const int shift = 16 * ((g / 2) % 2) + 6 * (g % 2);
             out.sc[g] = odd_scales(V::and_(V::srli32(scales, shift), V::set1(7)));
             out.sc_hi[g] = odd_scales(V::and_(V::srli32(scales, shift + 3), V::set1(7)));
-            const __m256i pair = r.lanes_u32(offsetof(block_iq1_m, qh) + 4 * (g / 2));
-            const __m256i qh = V::and_(V::srli32(pair, 16 * (g % 2)), V::set1(0xFFFF));
+            const __m256i qh = group_qh(r, g);
             const __m256i indices = r.lanes_u32(offsetof(block_iq1_m, qs) + 4 * g);
             for (int l = 0; l < 4; ++l) {
-                const __m256i n = V::or_(lane_byte<V>(indices, l), V::slli32(V::and_(V::srli32(qh, 4 * l), V::set1(7)), 8));
-                const __m256i delta = delta_bytes(qh, 4 * l + 3);
-                for (int h = 0; h < 2; ++h) {
-                    lane_signed_values(out, g, 2 * l + h, shifted_points(n, h, delta));
-                }
+                shifted_point_halves<IQ1_M>(out, g, l, indices, qh, 4 * l, delta_bytes(qh, 4 * l + 3));
             }
         }
         const __m256i d = V::or_(V::or_(V::and_(V::srli32(low, 12), V::set1(0x000F)), V::and_(V::srli32(low, 24), V::set1(0x00F0))),
