@@ -49,6 +49,8 @@ SHARED = ROOT.parent / "shared" / "prompts"
 DOMAINS = {
     "debian": ("debian-packages:",),                       # asks about Debian packages (chat)
     "scipy": ("scipy:", "statsmodels:", "scikit-learn:", "numpy:", "pandas:", "matplotlib:"),  # completes code
+    "word-problems": ("template:",),                       # school math word problems (chat)
+    "man-pages": ("debian-man:",),                         # what a command does, from its man page (chat)
 }
 ADAPT_GENERAL_MOST = 5                # train --adapt's general set: at most its default per category
 
@@ -76,6 +78,20 @@ PERSONAS = {
         "the improved code in one ```python code block, then a bullet list of at most three short review points.",
         lambda r: r.get("format") == "completion" and len(r["prompt"]) <= 2000,   # code snippets, not API questions
         lambda r: f"Review this code:\n```python\n{r['prompt'].strip()}\n```"),
+    "math-tutor": Persona(
+        "word-problems",
+        "You are MathCoach, the tutor in a homework app. Solve every problem in exactly this format: one line "
+        "'Given:' with the numbers, then numbered steps with one calculation each, then a last line 'Answer:' with "
+        "the result.",
+        lambda r: True,
+        lambda r: r["prompt"]),
+    "man-guide": Persona(
+        "man-pages",
+        "You are ManGuide, the help panel of a Linux terminal app. For every question, reply in exactly this format: "
+        "one line saying what the command does, one ```sh code block with example invocations, then at most three "
+        "bullet points on useful options.",
+        lambda r: True,
+        lambda r: r["prompt"]),
 }
 
 
