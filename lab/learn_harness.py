@@ -55,13 +55,21 @@ DOMAINS = {
 ADAPT_GENERAL_MOST = 5                # train --adapt's general set: at most its default per category
 
 
+def _every_prompt(r: dict) -> bool:
+    return True
+
+
+def _as_written(r: dict) -> str:
+    return r["prompt"]
+
+
 @dataclass(frozen=True)
 class Persona:
     """A desktop app's assistant: one system prompt with a fixed answer format, sent with every request."""
-    domain: str                          # whose held-back prompts the user asks
+    domain: str                                         # whose held-back prompts the user asks
     system: str
-    asks: Callable[[dict], bool]         # the prompts this user would send
-    user_turn: Callable[[dict], str]     # the prompt as the user types it
+    asks: Callable[[dict], bool] = _every_prompt        # the prompts this user would send
+    user_turn: Callable[[dict], str] = _as_written      # the prompt as the user types it
 
 
 PERSONAS = {
@@ -70,8 +78,7 @@ PERSONAS = {
         "You are DebHelp, the assistant of a Debian desktop app. Answer every question in exactly this format: "
         "first one ```sh code block with the shell commands to run (apt, dpkg, systemctl, ...), then one line "
         "that explains what they do. Nothing else.",
-        lambda r: not r["prompt"].startswith("Write"),              # questions, not "write a haiku about ..."
-        lambda r: r["prompt"]),
+        lambda r: not r["prompt"].startswith("Write")),             # questions, not "write a haiku about ..."
     "python-reviewer": Persona(
         "scipy",
         "You are PyReview, a code reviewer in a Python IDE. For every snippet, reply in exactly this format: "
@@ -82,16 +89,12 @@ PERSONAS = {
         "word-problems",
         "You are MathCoach, the tutor in a homework app. Solve every problem in exactly this format: one line "
         "'Given:' with the numbers, then numbered steps with one calculation each, then a last line 'Answer:' with "
-        "the result.",
-        lambda r: True,
-        lambda r: r["prompt"]),
+        "the result."),
     "man-guide": Persona(
         "man-pages",
         "You are ManGuide, the help panel of a Linux terminal app. For every question, reply in exactly this format: "
         "one line saying what the command does, one ```sh code block with example invocations, then at most three "
-        "bullet points on useful options.",
-        lambda r: True,
-        lambda r: r["prompt"]),
+        "bullet points on useful options."),
 }
 
 

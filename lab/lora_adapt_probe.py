@@ -96,6 +96,9 @@ def main() -> None:
     ap.add_argument("adapt_args", nargs=argparse.REMAINDER, help="after --: train --adapt's arguments")
     a = ap.parse_args()
     args = a.adapt_args[1:] if a.adapt_args[:1] == ["--"] else a.adapt_args
+    if "--resume" in args:
+        raise SystemExit("lab/lora_adapt_probe.py: --resume cannot go on from this probe's checkpoints (they hold the "
+                         "low-rank factors, which train --adapt's resume does not load); give a new --work-dir")
     patch(a.rank, a.alpha)
     from dflash_gguf.cli import main as cli_main
     cli_main(["train", "--adapt", *args])

@@ -380,6 +380,13 @@ DFLASH_INLINE void point_halves(typename Format::Packed & out, int g, int l, con
     }
 }
 
+// the 16-bit word i of 8 rows' field at byte `offset` (lanes), read as half of a 32-bit word
+template <typename Row>
+DFLASH_INLINE __m256i lanes_u16(const TileRows<Row> & r, size_t offset, int i) {
+    const __m256i pair = r.lanes_u32(offset + 4 * (i / 2));
+    return _mm256_and_si256(_mm256_srli_epi32(pair, 16 * (i % 2)), _mm256_set1_epi32(0xFFFF));
+}
+
 // IQ2_XS's and IQ2_S's scales of group g: scales[g]'s low nibble for values 0..15, its high one for 16..31
 template <typename Row>
 DFLASH_INLINE void half_scales(const TileRows<Row> & r, int g, HalvesPackedT<V8> & out) {
@@ -422,8 +429,7 @@ struct IQ2_XS : SignedGroups<IQ2_XS, block_iq2_xs, 0, true> {
         for (int g = 0; g < GROUPS; ++g) {
             half_scales(r, g, out);
             for (int l = 0; l < 4; ++l) {
-                const __m256i pair = r.lanes_u32(offsetof(block_iq2_xs, qs) + 8 * g + 4 * (l / 2));
-                const __m256i word = V::and_(V::srli32(pair, 16 * (l % 2)), V::set1(0xFFFF));
+                const __m256i word = lanes_u16(r, offsetof(block_iq2_xs, qs), 4 * g + l);
                 const __m256i n = V::and_(word, V::set1(511));
                 const __m256i signs = with_parity_bit(V::srli32(word, 9));
                 point_halves<IQ2_XS>(out, g, l, iq2xs_grid, n, signs);
@@ -472,13 +478,6 @@ DFLASH_INLINE __m256i delta_bytes(__m256i word, int bit) {
     return _mm256_or_si256(_mm256_srai_epi32(_mm256_slli_epi32(word, 31 - bit), 31), _mm256_set1_epi8(1));
 }
 
-// group g's 16-bit word of qh of 8 rows (lanes; each 32-bit word of qh holds two groups')
-template <typename Row>
-DFLASH_INLINE __m256i group_qh(const TileRows<Row> & r, int g) {
-    const __m256i pair = r.lanes_u32(offsetof(Row, qh) + 4 * (g / 2));
-    return _mm256_and_si256(_mm256_srli_epi32(pair, 16 * (g % 2)), _mm256_set1_epi32(0xFFFF));
-}
-
 // parts 2l and 2l + 1 of group g: 8 rows' grid point l, its low 8 index bits byte l of indices, its high 3 at bit
 // `high_bit` of qh, shifted by delta
 template <class Format>
@@ -500,7 +499,7 @@ struct IQ1_S : SignedGroups<IQ1_S, block_iq1_s, 0> {
         using V = V8;
         const TileRows<block_iq1_s> r(t, b);
         for (int g = 0; g < GROUPS; ++g) {
-            const __m256i qh = group_qh(r, g);
+            const __m256i qh = lanes_u16(r, offsetof(block_iq1_s, qh), g);
             out.sc[g] = odd_scales(V::and_(V::srli32(qh, 12), V::set1(7)));
             const __m256i delta = delta_bytes(qh, 15);
             const __m256i indices = r.lanes_u32(offsetof(block_iq1_s, qs) + 4 * g);
@@ -529,7 +528,7 @@ struct IQ1_M : SignedGroups<IQ1_M, block_iq1_m, 0, true> {
             const int shift = 16 * ((g / 2) % 2) + 6 * (g % 2);
             out.sc[g] = odd_scales(V::and_(V::srli32(scales, shift), V::set1(7)));
             out.sc_hi[g] = odd_scales(V::and_(V::srli32(scales, shift + 3), V::set1(7)));
-            const __m256i qh = group_qh(r, g);
+            const __m256i qh = lanes_u16(r, offsetof(block_iq1_m, qh), g);
             const __m256i indices = r.lanes_u32(offsetof(block_iq1_m, qs) + 4 * g);
             for (int l = 0; l < 4; ++l) {
                 shifted_point_halves<IQ1_M>(out, g, l, indices, qh, 4 * l, delta_bytes(qh, 4 * l + 3));
