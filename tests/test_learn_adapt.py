@@ -51,20 +51,28 @@ def adapt_cli(tiny, recorded, out, work, *extra):
 
 
 def scripted_tau(monkeypatch, start: float, checkpoints: list[float], general: tuple[float, list[float]] = (1.5, [1.5]),
-                 everyday: tuple[float, list[float]] = (1.5, [1.5])) -> dict:
+                 everyday: tuple[float, list[float]] = (1.5, [1.5]),
+                 blends: dict[float, tuple[float, float]] | None = None) -> dict:
     """τ made up instead of measured: on the held-back requests `start` for the drafter adapting starts from (the
-    first file measured), then checkpoints[i] for the i-th new file (the last value repeated); on the general set
-    likewise general[0], then general[1][i], and on the everyday set everyday[0], everyday[1][i]. Returns
+    first file measured), then checkpoints[i] for the i-th new checkpoint (the last value repeated); on the general
+    set likewise general[0], then general[1][i], and on the everyday set everyday[0], everyday[1][i]; a blend of
+    share x (its dflash_gguf.train.blend) gets blends[x] = (held back, general), the everyday set holding. Returns
     {file sha256: held-back τ}."""
     from dflash_gguf.train.adapt import Yardstick
     given: dict[str, float] = {}
     generals: dict[str, float] = {}
     everydays: dict[str, float] = {}
+    n_checkpoints = [-1]
 
     def tau(self, drafter):
         key = sha(drafter)
-        if key not in given:
-            i = len(given) - 1
+        share = blend_share(drafter)
+        if key not in given and share is not None:
+            given[key], generals[key] = blends[share]
+            everydays[key] = everyday[0]
+        elif key not in given:
+            i = n_checkpoints[0]
+            n_checkpoints[0] += 1
             given[key] = start if i < 0 else checkpoints[min(i, len(checkpoints) - 1)]
             generals[key] = general[0] if i < 0 else general[1][min(i, len(general[1]) - 1)]
             everydays[key] = everyday[0] if i < 0 else everyday[1][min(i, len(everyday[1]) - 1)]
@@ -85,6 +93,13 @@ def cli(*args):
 
 def sha(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def blend_share(path) -> float | None:
+    """dflash_gguf.train.blend of a drafter `train --adapt` wrote: the last checkpoint's share, if it is a blend."""
+    from dflash_gguf.gguf_reader import open_gguf
+    field = open_gguf(path).fields.get("dflash_gguf.train.blend")
+    return None if field is None else round(float(field.contents()), 6)
 
 
 def test_run_learn_records_the_prompt_and_answer_it_printed(tiny, tmp_path, capsys):
@@ -225,6 +240,56 @@ def test_adapt_writes_nothing_when_the_better_checkpoints_lose_the_general_set(t
            "2.60) lost more than 0.05 τ on the general set (2.24 → at most 2.10); --general-drop)" in err[-1]
     record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
     assert not record["written"] and record["kept"]["tau_held_back"] in (1.9, 1.95)  # held the general set
+
+
+@pytest.mark.slow
+def test_adapt_blends_the_last_checkpoint_with_the_start_when_it_lost_the_general_set(tiny, recorded, tmp_path,
+                                                                                     monkeypatch, capsys):
+    # every checkpoint after the first lost the general set (2.24 → 2.10, 2.05); of the blends of the last one with
+    # the start, 0.9 and 0.85 still lose it and 0.8 holds it with more held-back τ than the first checkpoint: 0.8 is
+    # written, and no smaller share is measured
+    blends = {0.9: (2.68, 2.12), 0.85: (2.66, 2.17), 0.8: (2.62, 2.20), 0.75: (2.6, 2.22), 0.7: (2.55, 2.23)}
+    given = scripted_tau(monkeypatch, 2.0, [2.3, 2.6, 2.7], (2.24, [2.22, 2.10, 2.05]), blends=blends)
+    out = tmp_path / "adapted.gguf"
+    code = adapt_cli(tiny, recorded, out, tmp_path / "work")
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
+    measured = [(c.get("blend"), c["tau_held_back"]) for c in record["checkpoints"]]
+    assert measured[-3:] == [(0.9, 2.68), (0.85, 2.66), (0.8, 2.62)]
+    assert [b for b, _ in measured[:-3]] == [None] * (len(measured) - 3)
+    assert record["kept"]["blend"] == 0.8 and record["written"] and record["tau_after"]["general"] == 2.20
+    assert blend_share(out) == 0.8 and given[sha(out)] == 2.62
+    assert record["kept"]["step"] == record["checkpoints"][-4]["step"]         # a blend of the last checkpoint
+    assert "a blend of 0.8 of the one" in captured.out
+
+    # resumed, nothing is measured again and the same file is written
+    out.unlink()
+    code = adapt_cli(tiny, recorded, out, tmp_path / "work", "--resume", tmp_path / "work")
+    assert code == 0, capsys.readouterr().err
+    again = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
+    assert again["checkpoints"] == record["checkpoints"] and blend_share(out) == 0.8 and given[sha(out)] == 2.62
+
+    # without blends, no checkpoint that beats the start holds the general set but the first
+    scripted_tau(monkeypatch, 2.0, [2.3, 2.6, 2.7], (2.24, [2.22, 2.10, 2.05]), blends=blends)
+    code = adapt_cli(tiny, recorded, tmp_path / "plain.gguf", tmp_path / "work2", "--blends", "none")
+    assert code == 0, capsys.readouterr().err
+    record = json.loads((tmp_path / "work2" / "adapt-record.json").read_text())
+    assert record["kept"]["tau_held_back"] == 2.3 and all(c.get("blend") is None for c in record["checkpoints"])
+
+
+def test_a_blend_mixes_every_tensor_the_start_has_in_the_same_shape():
+    from dflash_gguf.train.adapt import blended
+    start = {"a": np.zeros(4, np.float32), "b": np.ones(2, np.float32)}
+    adapted = {"a": np.full(4, 2.0, np.float32), "b": np.full(3, 5.0, np.float32), "c": np.full(1, 7.0, np.float32)}
+    mixed = blended(start, adapted, 0.75)
+    assert mixed["a"].tolist() == [1.5] * 4 and mixed["a"].dtype == np.float32
+    assert mixed["b"].tolist() == [5.0] * 3 and mixed["c"].tolist() == [7.0]     # new or reshaped: the adapted one
+
+
+def test_adapt_refuses_blend_shares_outside_zero_and_one(tiny, recorded, tmp_path, capsys):
+    code = adapt_cli(tiny, recorded, tmp_path / "o.gguf", tmp_path / "work", "--blends", "0.9,1.5")
+    assert code != 0 and "--blends" in capsys.readouterr().err and not (tmp_path / "o.gguf").exists()
 
 
 @pytest.mark.slow

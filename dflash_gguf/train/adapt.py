@@ -12,6 +12,10 @@ falls, and worse on what is not the user's traffic while the held-back τ still 
 are measured at checkpoints during training: the drafter written is the checkpoint best on the held-back requests
 among those that keep the general set's τ within --general-drop of the start's, and none at all (unless --force)
 if no such checkpoint beats the drafter it started from.
+
+When the last checkpoint lost more than that, blends of it with the drafter adapting started from are measured too,
+most of the adapted weights first (weight-space interpolation, "WiSE-FT", Wortsman et al. 2022): on this drafter a
+blend keeps most of the held-back gain and gives back most of what was lost elsewhere (docs/learning.md).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import numpy as np
 from ..errors import RunFailure, UserError
 from ..learn.store import Conversation, LearnStore
 from ..target_file import TargetFile
-from .options import ADAPT_LR
+from .options import ADAPT_LR, BLENDS
 
 RECORDED_INDEX = 10_000_000     # dataset prompt_index of recorded conversation i (replay ones count from 0)
 TOP_K = 8                       # the target's most likely tokens kept per position with --tv (the shipped recipe's)
@@ -55,6 +59,7 @@ class AdaptSettings:
     replay_dir: Path | None = None  # where replayed data is kept; None: the user cache
     tv: float = 0.0                 # share of the loss that is the total variation to the target's top-k, which the
                                     # replayed and recorded data then keep (0: hard labels only)
+    blends: tuple[float, ...] = BLENDS  # shares of the last checkpoint in the blends measured when it lost the guard
 
     @property
     def top_k(self) -> int:
@@ -335,9 +340,14 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
                                       CheckpointChoice(before["held_back"], _measured(before["general"]), s.general_drop,
                                                        start_everyday=_measured(before["everyday"])), resume)
 
-    def measure(trainer, result) -> dict:
+    def measure(trainer, result, blend: float | None = None) -> dict:
         candidate = work / "candidate.gguf"
-        export(trainer, target, candidate, base | training_record(trainer, result), src.draft_vocab, force=True)
+        record = base | training_record(trainer, result)
+        tensors = None
+        if blend is not None:
+            tensors = blended(src.tensors, trainer.state_numpy(), blend)
+            record |= {"blend": blend, "blended_with": base["adapted_from"]["sha256"]}
+        export(trainer, target, candidate, record, src.draft_vocab, force=True, tensors=tensors)
         t = time.time()
         tau = yardstick.tau(candidate)
         return {"tau_held_back": tau["held_back"], "tau_general": _measured(tau["general"]),
@@ -346,6 +356,7 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
 
     trainer = continued_trainer(target, src, str(drafter), data, work, s, seconds, resume)
     result = train_choosing(trainer, work, seconds, s.checkpoints, choice, measure)
+    blend_choosing(trainer, result, work, s.blends, choice, measure)
     best = work / "best.gguf"
     reason = None if choice.improved else choice.refusal(drafter.name, yardstick.n_held_back)
     kept = choice.best
@@ -398,14 +409,56 @@ def train_choosing(trainer, work: Path, seconds: float, n_checkpoints: int, choi
         if choice.add(point):
             (work / "candidate.gguf").replace(work / "best.gguf")
         choice.save(work / "checkpoint-taus.json")
-        general = "".join(f", {name} {point[key]:.3f} (start {start:.3f})"
-                          for name, key, start in (("general", "tau_general", choice.start_general),
-                                                   ("everyday", "tau_everyday", choice.start_everyday))
-                          if point.get(key) is not None and start is not None)
         print(f"checkpoint at {point['train_minutes']:.1f} training minutes (step {point['step']}): τ held back "
-              f"{point['tau_held_back']:.3f} (start {choice.start:.3f}){general}; kept so far: step "
-              f"{choice.best['step']} ({point['measure_seconds']:.0f} s to measure)", file=sys.stderr)
+              f"{point['tau_held_back']:.3f} (start {choice.start:.3f}){_guard_line(point, choice)}; kept so far: "
+              f"{_point_name(choice.best)} ({point['measure_seconds']:.0f} s to measure)", file=sys.stderr)
     return result or trainer.evaluate(trainer.s.eval_seqs)
+
+
+def blended(start: dict[str, np.ndarray], adapted: dict[str, np.ndarray], share: float) -> dict[str, np.ndarray]:
+    """(1 - share) * start + share * adapted, tensor by tensor; a tensor the start lacks (or has in another shape,
+    e.g. a new head) is the adapted one."""
+    def mix(k: str, v: np.ndarray) -> np.ndarray:
+        if k not in start or start[k].shape != v.shape:
+            return v
+        return ((1.0 - share) * start[k].astype(np.float32) + share * v).astype(np.float32)
+    return {k: mix(k, v) for k, v in adapted.items()}
+
+
+def blend_choosing(trainer, result, work: Path, shares: tuple[float, ...], choice: CheckpointChoice, measure) -> None:
+    """When the last checkpoint lost the guard, measure blends of it with the start, the largest share of it first,
+    until one holds the guard (a smaller share gives back more of the held-back gain); `choice` takes them as it
+    takes checkpoints. A resumed run does not measure a blend again."""
+    checkpoints = [p for p in choice.measured if p.get("blend") is None]
+    if not checkpoints or choice.holds(checkpoints[-1]):
+        return
+    for share in shares:
+        point = next((p for p in choice.measured if p.get("blend") == share and p["step"] == trainer.step), None)
+        if point is None:
+            point = {"step": trainer.step, "labelled_rows": trainer.rows_seen, "blend": share,
+                     "train_minutes": round(trainer.seconds_before / 60, 2)} | measure(trainer, result, share)
+            if choice.add(point):
+                (work / "candidate.gguf").replace(work / "best.gguf")
+            choice.save(work / "checkpoint-taus.json")
+            print(f"blend of {share:g} of the last checkpoint with the start: τ held back {point['tau_held_back']:.3f} "
+                  f"(start {choice.start:.3f}){_guard_line(point, choice)}; kept so far: "
+                  f"{_point_name(choice.best)}", file=sys.stderr)
+        if choice.holds(point):
+            return
+
+
+def _guard_line(point: dict, choice: CheckpointChoice) -> str:
+    """", general 2.100 (start 2.167), everyday ..." for the sets measured."""
+    return "".join(f", {name} {point[key]:.3f} (start {start:.3f})"
+                   for name, key, start in (("general", "tau_general", choice.start_general),
+                                            ("everyday", "tau_everyday", choice.start_everyday))
+                   if point.get(key) is not None and start is not None)
+
+
+def _point_name(point: dict) -> str:
+    """"step 11923", or "a blend of 0.8 of step 17883"."""
+    return f"step {point['step']}" if point.get("blend") is None else f"a blend of {point['blend']:g} of step " \
+                                                                        f"{point['step']}"
 
 
 def copy_into_place(src: Path, out: Path) -> None:

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ..engine_options import chat_template_option
-from .options import ADAPT_LR, TRAIN_LR
+from .options import ADAPT_LR, BLENDS, TRAIN_LR
 
 
 def register(app: typer.Typer) -> None:
@@ -103,6 +103,9 @@ def register(app: typer.Typer) -> None:
         general_drop: float = typer.Option(0.05, "--general-drop", help="with --adapt: keep only checkpoints whose "
                                            "τ fell by at most this much from -md's on the general and on the everyday "
                                            "set"),
+        blends: str = typer.Option(",".join(f"{x:g}" for x in BLENDS), "--blends", help="with --adapt: when the last "
+                                   "checkpoint lost more than --general-drop, blends of it with -md are measured too, "
+                                   "with these shares of it, in this order, until one holds (none: never)"),
         threads: int = typer.Option(0, "-t", "--threads", help="CPU threads for harvest and training (0: all)"),
         chat_template: Optional[str] = chat_template_option(),
         force: bool = typer.Option(False, "--force", help="overwrite -o; with --adapt, also write the best "
@@ -116,12 +119,15 @@ def register(app: typer.Typer) -> None:
         if adapt is not None:
             record, work = run_adapt(validate(resolved(given)))
             b, a, kept = record["tau_before"], record["tau_after"], record["kept"]
+            kept_as = "the checkpoint" if kept.get("blend") is None else f"a blend of {kept['blend']:g} of the one"
             typer.echo(f"{out}: τ on {record['held_back_measured']} held-back recorded requests "
                        f"{b['held_back']:.2f} → {a['held_back']:.2f}; on the general set {b['general']:.2f} → "
                        f"{a['general'] if a['general'] is None else round(a['general'], 2)}, on the everyday set "
                        f"{b['everyday']:.2f} → {a['everyday'] if a['everyday'] is None else round(a['everyday'], 2)} "
                        f"(kept: the best of "
-                       f"{len(record['checkpoints'])} checkpoints within --general-drop {record['general_drop']:g}, "
+                       f"{len(record['checkpoints'])} checkpoints and blends within --general-drop "
+                       f"{record['general_drop']:g}: "
+                       f"{kept_as} "
                        f"after {kept['train_minutes']:.1f} "
                        f"training minutes; {record['recorded_train']} recorded + {record['replayed']} replayed "
                        f"sequences, {record['labelled_rows']:,} labelled rows, {record['minutes']} min); "

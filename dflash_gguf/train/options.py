@@ -14,6 +14,8 @@ DEVICES = ("cpu", "cuda")
 TRAIN_LR = 8e-4
 ADAPT_LR = 1.5e-4
 PRECISIONS = ("auto", "fp32", "bf16")
+# --adapt: the last checkpoint's shares in the blends with the start tried, in this order, when it lost the guard
+BLENDS = (0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5)
 
 
 def resolved(options: dict) -> SimpleNamespace:
@@ -28,7 +30,18 @@ def resolved(options: dict) -> SimpleNamespace:
         o.n_gpu_layers = 999 if o.device == "cuda" else 0
     if o.lr is None:
         o.lr = ADAPT_LR if o.adapt is not None else TRAIN_LR
+    o.blend_shares = blend_shares(o.blends)
     return o
+
+
+def blend_shares(spec: str) -> tuple[float, ...] | None:
+    """--blends "0.9,0.8" → (0.9, 0.8); "none" → (); None where the spec is not a list of numbers."""
+    if spec.strip().lower() == "none":
+        return ()
+    try:
+        return tuple(float(x) for x in spec.split(",") if x.strip())
+    except ValueError:
+        return None
 
 
 def validate(o: SimpleNamespace) -> SimpleNamespace:
@@ -63,6 +76,8 @@ def validate(o: SimpleNamespace) -> SimpleNamespace:
         (o.rows is None or o.rows > 0, "--rows", o.rows, "must be > 0"),
         (o.eval_prompts >= 0, "--eval-prompts", o.eval_prompts, "must be >= 0"),
         (o.general_drop >= 0, "--general-drop", o.general_drop, "must be >= 0 (a fall in τ the checkpoint may have)"),
+        (o.blend_shares is not None and all(0 < x < 1 for x in o.blend_shares), "--blends", o.blends,
+         "give the last checkpoint's shares, each between 0 and 1 (e.g. 0.9,0.8,0.7), or none"),
     ))
     return o
 

@@ -133,12 +133,13 @@ def drafter_name(target: TargetFile, family: str) -> str:
 
 
 def export(trainer: Trainer, target: TargetFile, out: Path, record: dict, vocab=None, *, outtype: str = "q8_0",
-           force: bool = True) -> None:
-    """The drafter as a validated `dflash` GGUF, with the training record in its dflash_gguf.train.* keys."""
+           force: bool = True, tensors: dict | None = None) -> None:
+    """The drafter (or `tensors` in its shape) as a validated `dflash` GGUF, with the training record in its
+    dflash_gguf.train.* keys."""
     from ..convert.writer import write_dflash_gguf  # noqa: PLC0415
     meta = {f"dflash_gguf.train.{k}": (json.dumps(v) if isinstance(v, (dict, list)) else v)
             for k, v in record.items() if v is not None}
-    write_dflash_gguf(trainer.state_numpy(), trainer.config, target, out, outtype=outtype, extra_metadata=meta,
+    write_dflash_gguf(trainer.state_numpy() if tensors is None else tensors, trainer.config, target, out, outtype=outtype, extra_metadata=meta,
                       force=force, name=drafter_name(target, trainer.config.family),
                       source="trained drafter", draft_vocab=vocab)
 

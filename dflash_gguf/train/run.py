@@ -94,7 +94,8 @@ def run_adapt(o: SimpleNamespace) -> tuple[dict, Path]:
         work = o.resume or o.work_dir or cache_root() / "adapt" / f"{o.out.stem}-{key}"
         settings = AdaptSettings(minutes=o.max_minutes or 20.0, replay=o.replay, lr=o.lr, seed=o.seed, rows=o.rows,
                                  threads=o.threads, prompts=tuple(o.prompts), eval_per_category=o.eval_prompts,
-                                 general_drop=o.general_drop, replay_dir=o.data_dir, tv=o.tv)
+                                 general_drop=o.general_drop, replay_dir=o.data_dir, tv=o.tv,
+                                 blends=o.blend_shares)
         record = adapt(target, o.model_draft, o.out, o.adapt, work, settings, force=o.force,
                        resume=o.resume is not None)
         return record, work

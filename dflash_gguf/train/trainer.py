@@ -177,7 +177,8 @@ class Trainer:
         if wrong:
             raise UserError(f"{source}: not a drafter of this shape ({', '.join(wrong[:4])} missing or of another "
                             "shape); use the same --layers, --markov-rank and target")
-        sd.update({k: self.torch.from_numpy(np.ascontiguousarray(tensors[k])) for k in sd if k not in fresh})
+        # copies: a GGUF's tensors may be read-only views of the mapped file
+        sd.update({k: self.torch.from_numpy(np.array(tensors[k], order="C")) for k in sd if k not in fresh})
         self.model.load_state_dict(sd)
 
     # -- objective ----------------------------------------------------------------------------
