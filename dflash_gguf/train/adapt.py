@@ -404,15 +404,23 @@ def train_choosing(trainer, work: Path, seconds: float, n_checkpoints: int, choi
         result = trainer.train(work / "checkpoint", progress=False, until_seconds=pause, stop_at=stop_at)
         if trainer.step == steps:              # the schedule's end came first
             break
-        point = {"step": trainer.step, "labelled_rows": trainer.rows_seen,
-                 "train_minutes": round(trainer.seconds_before / 60, 2)} | measure(trainer, result)
-        if choice.add(point):
-            (work / "candidate.gguf").replace(work / "best.gguf")
-        choice.save(work / "checkpoint-taus.json")
+        point = measured_point(trainer, result, work, choice, measure)
         print(f"checkpoint at {point['train_minutes']:.1f} training minutes (step {point['step']}): τ held back "
               f"{point['tau_held_back']:.3f} (start {choice.start:.3f}){_guard_line(point, choice)}; kept so far: "
               f"{_point_name(choice.best)} ({point['measure_seconds']:.0f} s to measure)", file=sys.stderr)
     return result or trainer.evaluate(trainer.s.eval_seqs)
+
+
+def measured_point(trainer, result, work: Path, choice: CheckpointChoice, measure, blend: float | None = None) -> dict:
+    """The trainer's drafter so far (or its blend with the start) measured and offered to `choice`; the one kept so
+    far is <work>/best.gguf, and what was measured is saved for a resumed run."""
+    point = {"step": trainer.step, "labelled_rows": trainer.rows_seen,
+             "train_minutes": round(trainer.seconds_before / 60, 2)} | ({} if blend is None else {"blend": blend})
+    point |= measure(trainer, result) if blend is None else measure(trainer, result, blend)
+    if choice.add(point):
+        (work / "candidate.gguf").replace(work / "best.gguf")
+    choice.save(work / "checkpoint-taus.json")
+    return point
 
 
 def blended(start: dict[str, np.ndarray], adapted: dict[str, np.ndarray], share: float) -> dict[str, np.ndarray]:
@@ -435,11 +443,7 @@ def blend_choosing(trainer, result, work: Path, shares: tuple[float, ...], choic
     for share in shares:
         point = next((p for p in choice.measured if p.get("blend") == share and p["step"] == trainer.step), None)
         if point is None:
-            point = {"step": trainer.step, "labelled_rows": trainer.rows_seen, "blend": share,
-                     "train_minutes": round(trainer.seconds_before / 60, 2)} | measure(trainer, result, share)
-            if choice.add(point):
-                (work / "candidate.gguf").replace(work / "best.gguf")
-            choice.save(work / "checkpoint-taus.json")
+            point = measured_point(trainer, result, work, choice, measure, share)
             print(f"blend of {share:g} of the last checkpoint with the start: τ held back {point['tau_held_back']:.3f} "
                   f"(start {choice.start:.3f}){_guard_line(point, choice)}; kept so far: "
                   f"{_point_name(choice.best)}", file=sys.stderr)
