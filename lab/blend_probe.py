@@ -32,14 +32,14 @@ def blend(start: Path, adapted: Path, alpha: float, out: Path) -> Path:
     from dflash_gguf.convert.checkpoint_formats import read_source
     from dflash_gguf.convert.writer import write_dflash_gguf
     from dflash_gguf.target_file import TargetFile
+    from dflash_gguf.train.adapt import blended
     target = TargetFile(smollm2_q4_1())
     a, b = read_source(str(start), target), read_source(str(adapted), target)
     if set(a.tensors) != set(b.tensors):
         raise SystemExit(f"{start} and {adapted} hold different tensors")
-    mixed = {k: ((1 - alpha) * a.tensors[k] + alpha * b.tensors[k]).astype("float32") for k in a.tensors}
-    write_dflash_gguf(mixed, b.config, target, out, outtype="q8_0", force=True, name=f"blend {alpha:g}",
-                      source="blended drafter", draft_vocab=b.draft_vocab,
-                      extra_metadata={"dflash_gguf.blend.alpha": float(alpha)})
+    write_dflash_gguf(blended(a.tensors, b.tensors, alpha), b.config, target, out, outtype="q8_0", force=True,
+                      name=f"blend {alpha:g}", source="blended drafter", draft_vocab=b.draft_vocab,
+                      extra_metadata={"dflash_gguf.train.blend": float(alpha)})
     return out
 
 

@@ -416,7 +416,7 @@ def measured_point(trainer, result, work: Path, choice: CheckpointChoice, measur
     far is <work>/best.gguf, and what was measured is saved for a resumed run."""
     point = {"step": trainer.step, "labelled_rows": trainer.rows_seen,
              "train_minutes": round(trainer.seconds_before / 60, 2)} | ({} if blend is None else {"blend": blend})
-    point |= measure(trainer, result) if blend is None else measure(trainer, result, blend)
+    point |= measure(trainer, result, blend)
     if choice.add(point):
         (work / "candidate.gguf").replace(work / "best.gguf")
     choice.save(work / "checkpoint-taus.json")
@@ -461,8 +461,8 @@ def _guard_line(point: dict, choice: CheckpointChoice) -> str:
 
 def _point_name(point: dict) -> str:
     """"step 11923", or "a blend of 0.8 of step 17883"."""
-    return f"step {point['step']}" if point.get("blend") is None else f"a blend of {point['blend']:g} of step " \
-                                                                        f"{point['step']}"
+    step = f"step {point['step']}"
+    return step if point.get("blend") is None else f"a blend of {point['blend']:g} of {step}"
 
 
 def copy_into_place(src: Path, out: Path) -> None:

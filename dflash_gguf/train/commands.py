@@ -124,11 +124,8 @@ def register(app: typer.Typer) -> None:
                        f"{b['held_back']:.2f} → {a['held_back']:.2f}; on the general set {b['general']:.2f} → "
                        f"{a['general'] if a['general'] is None else round(a['general'], 2)}, on the everyday set "
                        f"{b['everyday']:.2f} → {a['everyday'] if a['everyday'] is None else round(a['everyday'], 2)} "
-                       f"(kept: the best of "
-                       f"{len(record['checkpoints'])} checkpoints and blends within --general-drop "
-                       f"{record['general_drop']:g}: "
-                       f"{kept_as} "
-                       f"after {kept['train_minutes']:.1f} "
+                       f"(kept: the best of {len(record['checkpoints'])} checkpoints and blends within "
+                       f"--general-drop {record['general_drop']:g}: {kept_as} after {kept['train_minutes']:.1f} "
                        f"training minutes; {record['recorded_train']} recorded + {record['replayed']} replayed "
                        f"sequences, {record['labelled_rows']:,} labelled rows, {record['minutes']} min); "
                        f"work dir: {work} (--resume {work})")

@@ -139,9 +139,9 @@ def export(trainer: Trainer, target: TargetFile, out: Path, record: dict, vocab=
     from ..convert.writer import write_dflash_gguf  # noqa: PLC0415
     meta = {f"dflash_gguf.train.{k}": (json.dumps(v) if isinstance(v, (dict, list)) else v)
             for k, v in record.items() if v is not None}
-    write_dflash_gguf(trainer.state_numpy() if tensors is None else tensors, trainer.config, target, out, outtype=outtype, extra_metadata=meta,
-                      force=force, name=drafter_name(target, trainer.config.family),
-                      source="trained drafter", draft_vocab=vocab)
+    state = trainer.state_numpy() if tensors is None else tensors
+    write_dflash_gguf(state, trainer.config, target, out, outtype=outtype, extra_metadata=meta, force=force,
+                      name=drafter_name(target, trainer.config.family), source="trained drafter", draft_vocab=vocab)
 
 
 def train_drafter(target: TargetFile, out: Path, prompts: list[dict], work_dir: Path, *, taps: list[int],
