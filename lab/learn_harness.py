@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -72,6 +73,33 @@ class Persona:
     user_turn: Callable[[dict], str] = _as_written      # the prompt as the user types it
 
 
+# how the Debian prompts name a package's summary (its short description)
+PACKAGE_SUMMARY = (
+    r"What questions should I ask before installing \S+ \(a (?P<s>.+)\)\?",
+    r"Write a haiku and then a one-sentence explanation about a (?P<s>.+)\.",
+    r'Explain the idea behind "(?P<s>.+)" as if I were twelve years old\.',
+    r"Write a friendly paragraph introducing \S+, a (?P<s>.+), to someone who has never used it\.",
+    r"Give me a step-by-step plan to learn how to use a (?P<s>.+)\.",
+    r"I am choosing tools for a project\. Explain what a (?P<s>.+) means and what I should consider before using one\.",
+    r'Write a short product announcement for \S+: "(?P<s>.+)"\.',
+    r"What is a (?P<s>.+) useful for\? Give three situations where it helps\.",
+)
+
+
+def package_summary(r: dict) -> str | None:
+    """The summary of the package a Debian prompt is about, or None for a prompt that names none."""
+    for pattern in PACKAGE_SUMMARY:
+        m = re.fullmatch(pattern, r["prompt"].strip())
+        if m:
+            return m["s"]
+    return None
+
+
+def package_request(r: dict) -> str:
+    """What a software center's "ask about this package" button sends: the package's name and summary."""
+    return f"Package: {r['source'].rsplit(':', 1)[1]}\nSummary: {package_summary(r)}"
+
+
 PERSONAS = {
     "debian-helper": Persona(
         "debian",
@@ -95,6 +123,14 @@ PERSONAS = {
         "You are ManGuide, the help panel of a Linux terminal app. For every question, reply in exactly this format: "
         "one line saying what the command does, one ```sh code block with example invocations, then at most three "
         "bullet points on useful options."),
+    "package-card": Persona(
+        "debian",
+        "You are the assistant of a Debian software center. The app sends a package's name and summary. Reply in "
+        "exactly this format: a first line '<package>:' with one sentence on what it does, a line 'Install: sudo apt "
+        "install <package>', a line 'Good for:' followed by three short bullet points, then a last line 'Similar:' "
+        "naming up to three related packages.",
+        lambda r: package_summary(r) is not None,
+        package_request),
 }
 
 
