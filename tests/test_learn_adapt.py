@@ -52,17 +52,20 @@ def adapt_cli(tiny, recorded, out, work, *extra):
 
 def scripted_tau(monkeypatch, start: float, checkpoints: list[float], general: tuple[float, list[float]] = (1.5, [1.5]),
                  everyday: tuple[float, list[float]] = (1.5, [1.5]),
-                 blends: dict[float, tuple[float, float]] | None = None) -> dict:
+                 blends: dict[float, tuple[float, float]] | None = None, spread: float = 0.0) -> dict:
     """τ made up instead of measured: on the held-back requests `start` for the drafter adapting starts from (the
     first file measured), then checkpoints[i] for the i-th new checkpoint (the last value repeated); on the general
     set likewise general[0], then general[1][i], and on the everyday set everyday[0], everyday[1][i]; a blend of
-    share x (its dflash_gguf.train.blend) gets blends[x] = (held back, general), the everyday set holding. Returns
+    share x (its dflash_gguf.train.blend) gets blends[x] = (held back, general), the everyday set holding. Each set's
+    four prompts read its τ exactly for the start, and for every later drafter its τ ± `spread` alternately (the
+    per-prompt changes then have a standard error of spread / sqrt(3), their mean the pooled change). Returns
     {file sha256: held-back τ}."""
     from dflash_gguf.train.adapt import Yardstick
     given: dict[str, float] = {}
     generals: dict[str, float] = {}
     everydays: dict[str, float] = {}
     n_checkpoints = [-1]
+    first: dict[str, str] = {}
 
     def tau(self, drafter):
         key = sha(drafter)
@@ -76,8 +79,14 @@ def scripted_tau(monkeypatch, start: float, checkpoints: list[float], general: t
             given[key] = start if i < 0 else checkpoints[min(i, len(checkpoints) - 1)]
             generals[key] = general[0] if i < 0 else general[1][min(i, len(general[1]) - 1)]
             everydays[key] = everyday[0] if i < 0 else everyday[1][min(i, len(everyday[1]) - 1)]
+        first.setdefault("key", key)
+        d = 0.0 if key == first["key"] else spread
+
+        def each(v: float) -> list[float]:
+            return [v + d, v - d, v + d, v - d]
         return {"held_back": given[key], "general": generals[key], "general_by_category": {"chat": generals[key]},
-                "everyday": everydays[key], "everyday_by_category": {"chat": everydays[key]}}
+                "everyday": everydays[key], "everyday_by_category": {"chat": everydays[key]},
+                "general_per_prompt": each(generals[key]), "everyday_per_prompt": each(everydays[key])}
     monkeypatch.setattr(Yardstick, "tau", tau)
     return given
 
@@ -229,6 +238,37 @@ def test_adapt_keeps_only_checkpoints_that_hold_the_general_set(tiny, recorded, 
 
 
 @pytest.mark.slow
+def test_a_fall_within_the_tolerance_counts_its_standard_error(tiny, recorded, tmp_path, monkeypatch, capsys):
+    # the third checkpoint fell 0.04 on the general set, within 0.05, but its four prompts moved by -0.04 ± 0.03
+    # (standard error 0.03 / sqrt(3) = 0.017): the fall's upper bound 0.057 is past 0.05, so the first is written
+    given = scripted_tau(monkeypatch, 2.0, [2.1, 2.6, 2.2, 2.05], (2.24, [2.23, 1.90, 2.20, 2.24]), spread=0.03)
+    out = tmp_path / "adapted.gguf"
+    code = adapt_cli(tiny, recorded, out, tmp_path / "work", "--general-drop", "0.05")
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
+    third = record["checkpoints"][2]
+    assert (third["tau_general"], third["tau_general_se"]) == (2.20, round(0.03 / 3 ** 0.5, 4))
+    assert record["kept"] == record["checkpoints"][0] and given[sha(out)] == 2.1
+    assert "general 2.200 ± 0.017 (start 2.240)" in captured.err
+
+    # measured without the spread (every prompt moved alike), the same fall holds: the third is written
+    scripted_tau(monkeypatch, 2.0, [2.1, 2.6, 2.2, 2.05], (2.24, [2.23, 1.90, 2.20, 2.24]))
+    code = adapt_cli(tiny, recorded, tmp_path / "b.gguf", tmp_path / "work2", "--general-drop", "0.05")
+    assert code == 0, capsys.readouterr().err
+    record = json.loads((tmp_path / "work2" / "adapt-record.json").read_text())
+    assert record["kept"]["tau_held_back"] == 2.2 and record["kept"]["tau_general_se"] == 0.0
+
+
+def test_the_paired_error_is_the_standard_error_of_the_per_prompt_changes():
+    from dflash_gguf.train.adapt import paired_error
+    changes = np.array([0.1, -0.1, 0.1, -0.1])
+    assert paired_error([2.0] * 4, list(2.0 + changes)) == round(changes.std(ddof=1) / 2, 4)
+    assert paired_error([1.0, 2.0], [1.5, 2.5]) == 0.0              # every prompt moved alike
+    assert paired_error([2.0], [1.0]) is None and paired_error([1.0, 2.0], [1.0]) is None
+
+
+@pytest.mark.slow
 def test_adapt_writes_nothing_when_the_better_checkpoints_lose_the_general_set(tiny, recorded, tmp_path, monkeypatch,
                                                                                capsys):
     scripted_tau(monkeypatch, 2.0, [1.9, 2.6, 2.3, 1.95], (2.24, [2.24, 1.90, 2.10, 2.24]))
@@ -237,7 +277,8 @@ def test_adapt_writes_nothing_when_the_better_checkpoints_lose_the_general_set(t
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and not out.exists()
     assert "not written: the 2 checkpoint(s) that beat d.gguf on the 1 held-back recorded requests (τ 2.00, best " \
-           "2.60) lost more than 0.05 τ on the general set (2.24 → at most 2.10); --general-drop)" in err[-1]
+           "2.60) lost more than 0.05 τ, one standard error included, on the general set (2.24 → at most 2.10); " \
+           "--general-drop)" in err[-1]
     record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
     assert not record["written"] and record["kept"]["tau_held_back"] in (1.9, 1.95)  # held the general set
 
@@ -312,7 +353,8 @@ def test_adapt_keeps_only_checkpoints_that_hold_the_everyday_set_too(tiny, recor
     code = adapt_cli(tiny, recorded, out2, tmp_path / "work2", "--general-drop", "0.05")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and not out2.exists()
-    assert "lost more than 0.05 τ on the everyday set (2.10 → at most 2.02); --general-drop)" in err[-1]
+    assert "lost more than 0.05 τ, one standard error included, on the everyday set (2.10 → at most 2.02); " \
+           "--general-drop)" in err[-1]
 
 
 @pytest.mark.slow

@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
                                          "0: neither)"),
         general_drop: float = typer.Option(0.05, "--general-drop", help="with --adapt: keep only checkpoints whose "
                                            "τ fell by at most this much from -md's on the general and on the everyday "
-                                           "set"),
+                                           "set, one standard error of the fall included"),
         blends: str = typer.Option(",".join(f"{x:g}" for x in BLENDS), "--blends", help="with --adapt: when the last "
                                    "checkpoint lost more than --general-drop, blends of it with -md are measured too, "
                                    "with these shares of it, in this order, until one holds (none: never)"),
