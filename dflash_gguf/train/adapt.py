@@ -268,11 +268,15 @@ class CheckpointChoice:
     best: dict | None = None
     start_everyday: float | None = None                     # ... on the everyday set (None: not measured)
 
+    @property
+    def guard_sets(self) -> tuple[tuple[str, str, float | None], ...]:
+        """(name, the point's key, τ of the start) of the two sets a checkpoint must hold."""
+        return ("general", "tau_general", self.start_general), ("everyday", "tau_everyday", self.start_everyday)
+
     def holds(self, point: dict) -> bool:
         """The checkpoint's τ fell by at most `general_drop` on the general and on the everyday set, one standard
         error of the fall included (`_within`)."""
-        return all(self._within(point, key, start)
-                   for key, start in (("tau_general", self.start_general), ("tau_everyday", self.start_everyday)))
+        return all(self._within(point, key, start) for _, key, start in self.guard_sets)
 
     def _within(self, point: dict, key: str, start: float | None) -> bool:
         """τ on one set fell by at most `general_drop`, counted with its standard error (`<key>_se`, over the
@@ -307,9 +311,7 @@ class CheckpointChoice:
             return f"no checkpoint beat {drafter} on the {n_held} held-back recorded requests (τ {self.start:.2f}, {best})"
         top = max(beat, key=lambda p: p["tau_held_back"])
         lost = [f"the {name} set ({start:.2f} → at most {max(p[key] for p in beat):.2f})"
-                for name, key, start in (("general", "tau_general", self.start_general),
-                                         ("everyday", "tau_everyday", self.start_everyday))
-                if any(not self._within(p, key, start) for p in beat)]
+                for name, key, start in self.guard_sets if any(not self._within(p, key, start) for p in beat)]
         return (f"the {len(beat)} checkpoint(s) that beat {drafter} on the {n_held} held-back recorded requests "
                 f"(τ {self.start:.2f}, best {top['tau_held_back']:.2f}) lost more than {self.general_drop:g} τ, "
                 f"one standard error included, on {' or '.join(lost)}; --general-drop)")
@@ -376,12 +378,12 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
         export(trainer, target, candidate, record, src.draft_vocab, force=True, tensors=tensors)
         t = time.time()
         tau = yardstick.tau(candidate)
+        errors = {f"tau_{part}_se": paired_error(before.get(f"{part}_per_prompt", []), tau[f"{part}_per_prompt"])
+                  for part in ("general", "everyday")}
         return {"tau_held_back": tau["held_back"], "tau_general": _measured(tau["general"]),
-                "tau_general_se": paired_error(before.get("general_per_prompt", []), tau["general_per_prompt"]),
                 "tau_general_by_category": tau["general_by_category"], "tau_everyday": _measured(tau["everyday"]),
-                "tau_everyday_se": paired_error(before.get("everyday_per_prompt", []),
-                                            tau["everyday_per_prompt"]),
-                "tau_everyday_by_category": tau["everyday_by_category"], "measure_seconds": round(time.time() - t, 1)}
+                "tau_everyday_by_category": tau["everyday_by_category"], **errors,
+                "measure_seconds": round(time.time() - t, 1)}
 
     trainer = continued_trainer(target, src, str(drafter), data, work, s, seconds, resume)
     result = train_choosing(trainer, work, seconds, s.checkpoints, choice, measure)
@@ -483,9 +485,7 @@ def blend_choosing(trainer, result, work: Path, shares: tuple[float, ...], choic
 def _guard_line(point: dict, choice: CheckpointChoice) -> str:
     """", general 2.100 ± 0.021 (start 2.167), everyday ..." for the sets measured."""
     return "".join(f", {name} {point[key]:.3f}{_error(point.get(f'{key}_se'))} (start {start:.3f})"
-                   for name, key, start in (("general", "tau_general", choice.start_general),
-                                            ("everyday", "tau_everyday", choice.start_everyday))
-                   if point.get(key) is not None and start is not None)
+                   for name, key, start in choice.guard_sets if point.get(key) is not None and start is not None)
 
 
 def _error(se: float | None) -> str:
