@@ -97,7 +97,8 @@ def trainer_for(data, rows: int, lr: float, with_history: bool, depth: int, rank
     target = TargetFile(smollm2_q4_1())
     src = read_drafter(shipped_drafter_for(target.path), target)
     s = AdaptSettings(lr=lr, rows=rows, threads=2)
-    trainer = continued_trainer(target, src, "shipped", data, Path("/nonexistent"), s, 10**9, False)
+    trainer = continued_trainer(target, src, "shipped", data, s)
+    trainer.s.schedule_seconds = 10**9           # the schedule by rows
     if with_history:
         trainer.model.history = history_module(trainer.embed, trainer.config.hidden_size, depth, rank, scale)
     trainer.opt = torch.optim.AdamW(trainer.model.parameters(), lr=lr, weight_decay=trainer.s.weight_decay,

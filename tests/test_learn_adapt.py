@@ -7,6 +7,7 @@ decoding."""
 import hashlib
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -287,8 +288,8 @@ def test_adapt_writes_nothing_when_the_better_checkpoints_lose_the_general_set(t
 def test_adapt_blends_the_last_checkpoint_with_the_start_when_it_lost_the_general_set(tiny, recorded, tmp_path,
                                                                                      monkeypatch, capsys):
     # every checkpoint after the first lost the general set (2.24 → 2.10, 2.05); of the blends of the last one with
-    # the start, 0.9 and 0.85 still lose it and 0.8 holds it with more held-back τ than the first checkpoint: 0.8 is
-    # written, and no smaller share is measured
+    # the start, 0.9 and 0.85 still lose it and 0.8 holds it with more held-back τ than the first checkpoint: the
+    # bisection of the seven shares measures 0.75 (holds), 0.85 (lost), 0.8 (holds), and 0.8 is written
     blends = {0.9: (2.68, 2.12), 0.85: (2.66, 2.17), 0.8: (2.62, 2.20), 0.75: (2.6, 2.22), 0.7: (2.55, 2.23)}
     given = scripted_tau(monkeypatch, 2.0, [2.3, 2.6, 2.7], (2.24, [2.22, 2.10, 2.05]), blends=blends)
     out = tmp_path / "adapted.gguf"
@@ -297,7 +298,7 @@ def test_adapt_blends_the_last_checkpoint_with_the_start_when_it_lost_the_genera
     assert code == 0, captured.err
     record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
     measured = [(c.get("blend"), c["tau_held_back"]) for c in record["checkpoints"]]
-    assert measured[-3:] == [(0.9, 2.68), (0.85, 2.66), (0.8, 2.62)]
+    assert measured[-3:] == [(0.75, 2.6), (0.85, 2.66), (0.8, 2.62)]
     assert [b for b, _ in measured[:-3]] == [None] * (len(measured) - 3)
     assert record["kept"]["blend"] == 0.8 and record["written"] and record["tau_after"]["general"] == 2.20
     assert blend_share(out) == 0.8 and given[sha(out)] == 2.62
@@ -317,6 +318,27 @@ def test_adapt_blends_the_last_checkpoint_with_the_start_when_it_lost_the_genera
     assert code == 0, capsys.readouterr().err
     record = json.loads((tmp_path / "work2" / "adapt-record.json").read_text())
     assert record["kept"]["tau_held_back"] == 2.3 and all(c.get("blend") is None for c in record["checkpoints"])
+
+
+@pytest.mark.slow
+def test_adapt_keeps_back_from_its_time_box_what_its_measurements_will_take(tiny, recorded, tmp_path, monkeypatch):
+    # --max-minutes bounds the whole run: training gets the box less what the checkpoints' and blends' measurements
+    # will take, each an export (timed once before training: here made to take 100 s) and τ runs as long as the start's
+    # (here at least 0.5 s): 6 checkpoints + 3 blends, at least 904.5 s
+    import dflash_gguf.train.adapt as adapt_module
+    scripted_tau(monkeypatch, 2.0, [2.1, 2.2])
+    scripted = adapt_module.Yardstick.tau
+
+    def slow(self, drafter):
+        time.sleep(0.5)
+        return scripted(self, drafter)
+    monkeypatch.setattr(adapt_module.Yardstick, "tau", slow)
+    exported = adapt_module._export_seconds
+    monkeypatch.setattr(adapt_module, "_export_seconds", lambda *a: exported(*a) * 0 + 100.0)
+    assert adapt_module.measurements_planned(adapt_module.AdaptSettings()) == 6 + 3
+    assert adapt_cli(tiny, recorded, tmp_path / "adapted.gguf", tmp_path / "work") == 0      # --max-minutes 30
+    plan = json.loads((tmp_path / "work" / "adapt-plan.json").read_text())
+    assert 30 * 60 - 904.5 - 300 < plan["train_seconds"] <= 30 * 60 - 904.5
 
 
 def test_a_blend_mixes_every_tensor_the_start_has_in_the_same_shape():

@@ -14,8 +14,9 @@ among those that keep the general set's τ within --general-drop of the start's,
 if no such checkpoint beats the drafter it started from.
 
 When the last checkpoint lost more than that, blends of it with the drafter adapting started from are measured too,
-most of the adapted weights first (weight-space interpolation, "WiSE-FT", Wortsman et al. 2022): on this drafter a
-blend keeps most of the held-back gain and gives back most of what was lost elsewhere (docs/learning.md).
+bisecting for the largest share of the adapted weights that holds (weight-space interpolation, "WiSE-FT", Wortsman
+et al. 2022): on this drafter a blend keeps most of the held-back gain and gives back most of what was lost
+elsewhere (docs/learning.md). --max-minutes bounds all of it, the measurements included.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ TOP_K = 8                       # the target's most likely tokens kept per posit
 
 @dataclass
 class AdaptSettings:
-    minutes: float = 20.0           # data preparation + training (the measurements come on top)
+    minutes: float = 20.0           # the whole run: the first measurement, data preparation, training and the
+                                    # measurements of its checkpoints and blends
     replay: float = 1.0             # replayed sequences of the original distribution per recorded one
     held_back: float = 0.1          # share of the recorded conversations kept out of training, for τ
     lr: float = ADAPT_LR            # peak; warm-up and cosine run over the training part of the time box
@@ -353,12 +355,18 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
     print(f"adapting {drafter.name} on {len(train)} recorded requests (+{round(s.replay * len(train))} replayed), "
           f"{len(held)} held back ({yardstick.n_held_back} measured)", file=sys.stderr)
     key = json.dumps([file_tag(drafter)[1], [r.get("id") for r in yardstick.rows], s.eval_tokens, "per-prompt"])
-    before = _measured_once(work / "tau-before.json", key, lambda: yardstick.tau(drafter))
+    before, measure_seconds = _measured_once(work / "tau-before.json", key, lambda: yardstick.tau(drafter))
     print(f"τ before: held back {before['held_back']}, general {before['general']}, everyday {before['everyday']}",
           file=sys.stderr)
-    deadline = time.time() + s.minutes * 60             # the time box: preparing the data, then training
+    deadline = t0 + s.minutes * 60             # the time box: all of it, the measurements to come included
     data, n_replay = prepare_data(target, src.config, pool, train, work, s, deadline)
-    seconds = _training_seconds(work, deadline, resume, s.minutes)
+    trainer = continued_trainer(target, src, str(drafter), data, s)
+    planned = resume and (work / "adapt-plan.json").exists()
+    # each checkpoint and blend: an export and its load check, then the τ runs the start's measurement timed
+    reserve = 0.0 if planned else measurements_planned(s) * (
+        _export_seconds(trainer, target, work / "candidate.gguf", src.draft_vocab) + measure_seconds)
+    seconds = _training_seconds(work, deadline - reserve, resume, s.minutes)
+    start_training(trainer, work, s, seconds, resume)
     base = {"adapted_from": init_record(drafter, src.train_metadata), "store": store_dir.name,
             "recorded_train": len(train), "recorded_held_back": len(held), "held_back_measured": yardstick.n_held_back,
             "replayed": n_replay,
@@ -385,7 +393,6 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
                 "tau_everyday_by_category": tau["everyday_by_category"], **errors,
                 "measure_seconds": round(time.time() - t, 1)}
 
-    trainer = continued_trainer(target, src, str(drafter), data, work, s, seconds, resume)
     result = train_choosing(trainer, work, seconds, s.checkpoints, choice, measure)
     blend_choosing(trainer, result, work, s.blends, choice, measure)
     best = work / "best.gguf"
@@ -465,13 +472,18 @@ def blended(start: dict[str, np.ndarray], adapted: dict[str, np.ndarray], share:
 
 
 def blend_choosing(trainer, result, work: Path, shares: tuple[float, ...], choice: CheckpointChoice, measure) -> None:
-    """When the last checkpoint lost the guard, measure blends of it with the start, the largest share of it first,
-    until one holds the guard (a smaller share gives back more of the held-back gain); `choice` takes them as it
-    takes checkpoints. A resumed run does not measure a blend again."""
+    """When the last checkpoint lost the guard, look for the largest share of it in a blend with the start that holds
+    the guard (a smaller share gives back more of the held-back gain) by bisecting `shares`: what a blend gives back
+    grows with the start's share (docs/learning.md), so ceil(log2(n + 1)) blends are measured instead of up to n.
+    `choice` takes them as it takes checkpoints. A resumed run does not measure a blend again."""
     checkpoints = [p for p in choice.measured if p.get("blend") is None]
     if not checkpoints or choice.holds(checkpoints[-1]):
         return
-    for share in shares:
+    order = sorted(shares, reverse=True)
+    lo, hi = 0, len(order)              # the largest share that holds is order[lo:hi]'s first, or none (hi = n)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        share = order[mid]
         point = next((p for p in choice.measured if p.get("blend") == share and p["step"] == trainer.step), None)
         if point is None:
             point = measured_point(trainer, result, work, choice, measure, share)
@@ -479,7 +491,14 @@ def blend_choosing(trainer, result, work: Path, shares: tuple[float, ...], choic
                   f"(start {choice.start:.3f}){_guard_line(point, choice)}; kept so far: "
                   f"{_point_name(choice.best)}", file=sys.stderr)
         if choice.holds(point):
-            return
+            hi = mid
+        else:
+            lo = mid + 1
+
+
+def measurements_planned(s: AdaptSettings) -> int:
+    """The checkpoints and, at most, the blends blend_choosing measures: what the time box keeps back from training."""
+    return s.checkpoints + (math.ceil(math.log2(len(s.blends) + 1)) if s.blends else 0)
 
 
 def _guard_line(point: dict, choice: CheckpointChoice) -> str:
@@ -517,18 +536,16 @@ def prepare_data(target: TargetFile, config, pool: list[dict], train: list[Conve
     return data, n_replay
 
 
-def continued_trainer(target: TargetFile, src, source: str, data, work: Path, s: AdaptSettings, seconds: float,
-                      resume: bool):
+def continued_trainer(target: TargetFile, src, source: str, data, s: AdaptSettings):
     """A Trainer started from the drafter `src` read from `source` (its weights, taps, layers, block size and
-    draft vocabulary; with `resume`, from the work dir's checkpoint), with warm-up and cosine over `seconds` (or
-    over `s.rows` labelled rows, when given and they come first)."""
+    draft vocabulary); start_training lays out its schedule."""
     from .pipeline import drafter_config  # noqa: PLC0415
     from .frozen_weights import embedding_and_head  # noqa: PLC0415
     from .trainer import Trainer, TrainSettings  # noqa: PLC0415
     c = src.config
     settings = TrainSettings(n_layers=c.n_layers, block_size=c.block_size, lr=s.lr, warmup=0.05,
                              rows=s.rows or 10**12, schedule_rows_cap=s.rows is not None,
-                             schedule_seconds=seconds, eval_every=10**9, eval_seqs=16, seed=s.seed, tv=s.tv,
+                             schedule_seconds=None, eval_every=10**9, eval_seqs=16, seed=s.seed, tv=s.tv,
                              init_from_target=False, cut_at_first_error=True, markov_rank=c.markov_rank,
                              confidence_head=c.confidence_head)
     config = replace(drafter_config(target, list(c.target_layers), c.n_layers, c.block_size),
@@ -538,38 +555,60 @@ def continued_trainer(target: TargetFile, src, source: str, data, work: Path, s:
     trainer = Trainer(data, config, embed, head, settings, draft_vocab=vocab)
     trainer.arch = target.arch
     trainer.load_weights(src.tensors, source)
+    return trainer
+
+
+def _export_seconds(trainer, target: TargetFile, path: Path, vocab) -> float:
+    """How long exporting a checkpoint takes (writing the GGUF and its load check), timed on the start's weights
+    before any training time is spent (which also shows the export works)."""
+    from .pipeline import export  # noqa: PLC0415
+    t = time.time()
+    export(trainer, target, path, {}, vocab, force=True)
+    seconds = time.time() - t
+    target.release_model()               # as prepare_data left it: training wants the memory
+    return seconds
+
+
+def start_training(trainer, work: Path, s: AdaptSettings, seconds: float, resume: bool) -> None:
+    """Warm-up and cosine over `seconds` of training (or over `s.rows` labelled rows, when given and they come
+    first); with `resume`, from the work dir's checkpoint."""
+    trainer.s.schedule_seconds = seconds
     if resume and (work / "checkpoint" / "ckpt.pt").exists():
         trainer.resume(work / "checkpoint")
         print(f"resumed after {trainer.seconds_before / 60:.1f} of {seconds / 60:.1f} training minutes",
               file=sys.stderr)
     cap = f" or {s.rows:,} labelled rows, whichever comes first," if s.rows else ""
-    print(f"training for {(seconds - trainer.seconds_before) / 60:.1f} minutes{cap} on {len(data.index)} sequences "
-          f"(checkpoints in {work / 'checkpoint'}, held-back τ measured at {s.checkpoints} of them)", file=sys.stderr)
-    return trainer
+    print(f"training for {(seconds - trainer.seconds_before) / 60:.1f} minutes{cap} on {len(trainer.data.index)} "
+          f"sequences (checkpoints in {work / 'checkpoint'}, held-back τ measured at {s.checkpoints} of them)",
+          file=sys.stderr)
 
 
-def _measured_once(path: Path, key: str, run) -> dict:
-    """run()'s result, kept in `path` under `key` (the drafter's sha256, the prompts and the settings): a resumed
-    run does not measure the same thing again."""
+def _measured_once(path: Path, key: str, run) -> tuple[dict, float]:
+    """(run()'s result, the seconds it took), kept in `path` under `key` (the drafter's sha256, the prompts and the
+    settings): a resumed run does not measure the same thing again."""
     if path.exists():
         kept = json.loads(path.read_text())
-        if kept.get("key") == key:
-            return kept["tau"]
+        if kept.get("key") == key and "seconds" in kept:
+            return kept["tau"], kept["seconds"]
+    t = time.time()
     tau = run()
+    seconds = round(time.time() - t, 1)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"key": key, "tau": tau}))
-    return tau
+    path.write_text(json.dumps({"key": key, "tau": tau, "seconds": seconds}))
+    return tau, seconds
 
 
 def _training_seconds(work: Path, deadline: float, resume: bool, minutes: float) -> float:
-    """The training part of the time box: what the preparation left, at least a quarter of the box; a resumed run
-    keeps the first run's (its schedule was laid out over it)."""
+    """The training part of the time box: what the preparation left before `deadline` (the box's end less the
+    measurements to come), at least a quarter of the box; a resumed run keeps the first run's (its schedule was laid
+    out over it)."""
     plan = work / "adapt-plan.json"
     if resume and plan.exists():
         return json.loads(plan.read_text())["train_seconds"]
     left, least = deadline - time.time(), minutes * 15        # a quarter of the box at least
     if left < least:
-        print(f"note: preparing the data left {max(left, 0) / 60:.1f} of the {minutes:g} minutes; training for "
+        print(f"note: preparing the data and the measurements to come leave {max(left, 0) / 60:.1f} of the "
+              f"{minutes:g} minutes for training; training for "
               f"{least / 60:.1f} minutes anyway", file=sys.stderr)
         left = least
     work.mkdir(parents=True, exist_ok=True)

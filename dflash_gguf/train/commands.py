@@ -36,7 +36,8 @@ def register(app: typer.Typer) -> None:
                                            "whichever comes first (default: the time box alone)"),
         epochs: float = typer.Option(2.0, "--epochs"),
         max_minutes: Optional[float] = typer.Option(None, "--max-minutes", help="stop training after this long "
-                                                    "(resume later with --resume)"),
+                                                    "(resume later with --resume); with --adapt: the whole run, "
+                                                    "its τ measurements included (default 20)"),
         schedule_minutes: Optional[float] = typer.Option(None, "--schedule-minutes", help="a time-boxed run: "
                                                          "warm-up and cosine over this many minutes of training, "
                                                          "which then ends (instead of over --rows)"),
