@@ -355,16 +355,15 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
     print(f"adapting {drafter.name} on {len(train)} recorded requests (+{round(s.replay * len(train))} replayed), "
           f"{len(held)} held back ({yardstick.n_held_back} measured)", file=sys.stderr)
     key = json.dumps([file_tag(drafter)[1], [r.get("id") for r in yardstick.rows], s.eval_tokens, "per-prompt"])
-    before, measure_seconds = _measured_once(work / "tau-before.json", key, lambda: yardstick.tau(drafter))
+    before = _measured_once(work / "tau-before.json", key, lambda: yardstick.tau(drafter))
     print(f"τ before: held back {before['held_back']}, general {before['general']}, everyday {before['everyday']}",
           file=sys.stderr)
     deadline = t0 + s.minutes * 60             # the time box: all of it, the measurements to come included
     data, n_replay = prepare_data(target, src.config, pool, train, work, s, deadline)
     trainer = continued_trainer(target, src, str(drafter), data, s)
     planned = resume and (work / "adapt-plan.json").exists()
-    # each checkpoint and blend: an export and its load check, then the τ runs the start's measurement timed
-    reserve = 0.0 if planned else measurements_planned(s) * (
-        _export_seconds(trainer, target, work / "candidate.gguf", src.draft_vocab) + measure_seconds)
+    reserve = 0.0 if planned else measurements_planned(s) * _measurement_seconds(
+        trainer, target, work / "candidate.gguf", src.draft_vocab, yardstick, drafter)
     seconds = _training_seconds(work, deadline - reserve, resume, s.minutes)
     start_training(trainer, work, s, seconds, resume)
     base = {"adapted_from": init_record(drafter, src.train_metadata), "store": store_dir.name,
@@ -558,12 +557,18 @@ def continued_trainer(target: TargetFile, src, source: str, data, s: AdaptSettin
     return trainer
 
 
-def _export_seconds(trainer, target: TargetFile, path: Path, vocab) -> float:
-    """How long exporting a checkpoint takes (writing the GGUF and its load check), timed on the start's weights
-    before any training time is spent (which also shows the export works)."""
+def _measurement_seconds(trainer, target: TargetFile, path: Path, vocab, yardstick: Yardstick,
+                         drafter: Path) -> float:
+    """How long measuring a checkpoint takes, timed before any training time is spent: the start's weights exported
+    as a checkpoint is (writing the GGUF, its load check: which also shows the export works) and τ of `drafter`
+    along the target's continuations, which the first measurement generates and every later one reuses (that
+    first one took ~10x as long: 71 s against 5-6 s on the embedded default, 2 threads)."""
     from .pipeline import export  # noqa: PLC0415
+    if yardstick.conts is None:          # the start's τ came from a file: generate the continuations first
+        yardstick.tau(drafter)
     t = time.time()
     export(trainer, target, path, {}, vocab, force=True)
+    yardstick.tau(drafter)
     seconds = time.time() - t
     target.release_model()               # as prepare_data left it: training wants the memory
     return seconds
@@ -583,19 +588,17 @@ def start_training(trainer, work: Path, s: AdaptSettings, seconds: float, resume
           file=sys.stderr)
 
 
-def _measured_once(path: Path, key: str, run) -> tuple[dict, float]:
-    """(run()'s result, the seconds it took), kept in `path` under `key` (the drafter's sha256, the prompts and the
-    settings): a resumed run does not measure the same thing again."""
+def _measured_once(path: Path, key: str, run) -> dict:
+    """run()'s result, kept in `path` under `key` (the drafter's sha256, the prompts and the settings): a resumed
+    run does not measure the same thing again."""
     if path.exists():
         kept = json.loads(path.read_text())
-        if kept.get("key") == key and "seconds" in kept:
-            return kept["tau"], kept["seconds"]
-    t = time.time()
+        if kept.get("key") == key:
+            return kept["tau"]
     tau = run()
-    seconds = round(time.time() - t, 1)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"key": key, "tau": tau, "seconds": seconds}))
-    return tau, seconds
+    path.write_text(json.dumps({"key": key, "tau": tau}))
+    return tau
 
 
 def _training_seconds(work: Path, deadline: float, resume: bool, minutes: float) -> float:
