@@ -361,10 +361,11 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
     deadline = t0 + s.minutes * 60             # the time box: all of it, the measurements to come included
     data, n_replay = prepare_data(target, src.config, pool, train, work, s, deadline)
     trainer = continued_trainer(target, src, str(drafter), data, s)
-    planned = resume and (work / "adapt-plan.json").exists()
-    reserve = 0.0 if planned else measurements_planned(s) * _measurement_seconds(
-        trainer, target, work / "candidate.gguf", src.draft_vocab, yardstick, drafter)
-    seconds = _training_seconds(work, deadline - reserve, resume, s.minutes)
+
+    def reserve() -> float:             # what the checkpoints' and blends' measurements will take
+        return measurements_planned(s) * _measurement_seconds(trainer, target, work / "candidate.gguf",
+                                                              src.draft_vocab, yardstick, drafter)
+    seconds = _training_seconds(work, deadline, resume, s.minutes, reserve)
     start_training(trainer, work, s, seconds, resume)
     base = {"adapted_from": init_record(drafter, src.train_metadata), "store": store_dir.name,
             "recorded_train": len(train), "recorded_held_back": len(held), "held_back_measured": yardstick.n_held_back,
@@ -601,13 +602,14 @@ def _measured_once(path: Path, key: str, run) -> dict:
     return tau
 
 
-def _training_seconds(work: Path, deadline: float, resume: bool, minutes: float) -> float:
-    """The training part of the time box: what the preparation left before `deadline` (the box's end less the
-    measurements to come), at least a quarter of the box; a resumed run keeps the first run's (its schedule was laid
-    out over it)."""
+def _training_seconds(work: Path, deadline: float, resume: bool, minutes: float, reserve) -> float:
+    """The training part of the time box: what the preparation left before `deadline` less `reserve()` (the seconds
+    the measurements to come will take, asked only here), at least a quarter of the box; a resumed run keeps the first
+    run's (its schedule was laid out over it)."""
     plan = work / "adapt-plan.json"
     if resume and plan.exists():
         return json.loads(plan.read_text())["train_seconds"]
+    deadline -= reserve()
     left, least = deadline - time.time(), minutes * 15        # a quarter of the box at least
     if left < least:
         print(f"note: preparing the data and the measurements to come leave {max(left, 0) / 60:.1f} of the "
