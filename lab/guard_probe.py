@@ -27,17 +27,8 @@ from blend_probe import blend  # noqa: E402
 from learn_harness import SHARED, taus  # noqa: E402
 
 from dflash_gguf.assets import shipped_drafter_for  # noqa: E402
+from dflash_gguf.corpus.prompts import family  # noqa: E402
 from dflash_gguf.packaged_models import smollm2_q4_1  # noqa: E402
-
-
-def family(row: dict) -> str:
-    """A prompt's family: its math template, code module or request template ("template:24", "cpython:email.utils",
-    "debian-packages:database", "everyday:topic"); a self-instruct question is its own."""
-    source = row.get("source", "")
-    parts = source.split(":")
-    if parts[0] == "self-instruct":
-        return source
-    return ":".join(parts[:2])
 
 
 def probe_sets(replay_index: Path, per_set: int) -> dict[str, list[dict]]:
@@ -82,7 +73,7 @@ def main() -> None:
     sets = probe_sets(a.replay_index, a.per_set)
     from dflash_gguf.bench.prompts import read_rows
     from dflash_gguf.train.adapt import prompt_sets
-    _, general, everyday = prompt_sets((), 5, 0)
+    _, general, everyday = prompt_sets((), 10, 0)
     sets |= {"general (guard)": general, "everyday (guard)": everyday,
              "shared (evaluation only)": read_rows(sorted(SHARED.glob("*.jsonl")), a.shared)}
     print("| set | prompts | " + " | ".join(labels) + " |")

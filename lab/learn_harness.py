@@ -53,7 +53,7 @@ DOMAINS = {
     "word-problems": ("template:",),                       # school math word problems (chat)
     "man-pages": ("debian-man:",),                         # what a command does, from its man page (chat)
 }
-ADAPT_GENERAL_MOST = 5                # train --adapt's general set: at most its default per category
+ADAPT_GENERAL_MOST = 10               # train --adapt's general set: at most its default per category
 
 
 def _every_prompt(r: dict) -> bool:

@@ -52,18 +52,21 @@ def adapt_cli(tiny, recorded, out, work, *extra):
 
 def scripted_tau(monkeypatch, start: float, checkpoints: list[float], general: tuple[float, list[float]] = (1.5, [1.5]),
                  everyday: tuple[float, list[float]] = (1.5, [1.5]),
-                 blends: dict[float, tuple[float, float]] | None = None, spread: float = 0.0) -> dict:
+                 blends: dict[float, tuple[float, float]] | None = None, spread: float = 0.0,
+                 code: tuple[float, list[float]] | None = None) -> dict:
     """τ made up instead of measured: on the held-back requests `start` for the drafter adapting starts from (the
     first file measured), then checkpoints[i] for the i-th new checkpoint (the last value repeated); on the general
     set likewise general[0], then general[1][i], and on the everyday set everyday[0], everyday[1][i]; a blend of
     share x (its dflash_gguf.train.blend) gets blends[x] = (held back, general), the everyday set holding. Each set's
     four prompts read its τ exactly for the start, and for every later drafter its τ ± `spread` alternately (the
-    per-prompt changes then have a standard error of spread / sqrt(3), their mean the pooled change). Returns
-    {file sha256: held-back τ}."""
+    per-prompt changes then have a standard error of spread / sqrt(3), their mean the pooled change). The general
+    set's one category is chat at its pooled τ, or with `code` also code at code[0], then code[1][i] (blends: code[0]).
+    Returns {file sha256: held-back τ}."""
     from dflash_gguf.train.adapt import Yardstick
     given: dict[str, float] = {}
     generals: dict[str, float] = {}
     everydays: dict[str, float] = {}
+    codes: dict[str, float] = {}
     n_checkpoints = [-1]
     first: dict[str, str] = {}
 
@@ -73,18 +76,21 @@ def scripted_tau(monkeypatch, start: float, checkpoints: list[float], general: t
         if key not in given and share is not None:
             given[key], generals[key] = blends[share]
             everydays[key] = everyday[0]
+            codes[key] = code[0] if code else 0.0
         elif key not in given:
             i = n_checkpoints[0]
             n_checkpoints[0] += 1
             given[key] = start if i < 0 else checkpoints[min(i, len(checkpoints) - 1)]
             generals[key] = general[0] if i < 0 else general[1][min(i, len(general[1]) - 1)]
             everydays[key] = everyday[0] if i < 0 else everyday[1][min(i, len(everyday[1]) - 1)]
+            codes[key] = 0.0 if not code else code[0] if i < 0 else code[1][min(i, len(code[1]) - 1)]
         first.setdefault("key", key)
         d = 0.0 if key == first["key"] else spread
 
         def each(v: float) -> list[float]:
             return [v + d, v - d, v + d, v - d]
-        return {"held_back": given[key], "general": generals[key], "general_by_category": {"chat": generals[key]},
+        categories = {"chat": generals[key]} | ({"code": codes[key]} if code else {})
+        return {"held_back": given[key], "general": generals[key], "general_by_category": categories,
                 "everyday": everydays[key], "everyday_by_category": {"chat": everydays[key]},
                 "general_per_prompt": each(generals[key]), "everyday_per_prompt": each(everydays[key])}
     monkeypatch.setattr(Yardstick, "tau", tau)
@@ -260,6 +266,29 @@ def test_a_fall_within_the_tolerance_counts_its_standard_error(tiny, recorded, t
     assert record["kept"]["tau_held_back"] == 2.2 and record["kept"]["tau_general_se"] == 0.0
 
 
+@pytest.mark.slow
+def test_a_checkpoint_that_lost_one_category_of_the_general_set_is_not_kept(tiny, recorded, tmp_path, monkeypatch,
+                                                                           capsys):
+    # the pooled general set holds at every checkpoint (the user's category rose as much as code fell), but code
+    # fell 0.10 at the second, the best on the held-back requests: the third, which held every category, is written
+    given = scripted_tau(monkeypatch, 2.0, [2.1, 2.6, 2.3, 2.05], (2.24, [2.24]), code=(2.0, [1.98, 1.90, 2.0]))
+    out = tmp_path / "adapted.gguf"
+    code = adapt_cli(tiny, recorded, out, tmp_path / "work", "--general-drop", "0.05")
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
+    assert [c["tau_general_by_category"]["code"] for c in record["checkpoints"]][:3] == [1.98, 1.90, 2.0]
+    assert record["kept"] == record["checkpoints"][2] and given[sha(out)] == 2.3
+    assert "general's code 1.900 (start 2.000) lost" in captured.err
+
+    # when every checkpoint that beats -md lost it, nothing is written and the line says which category
+    scripted_tau(monkeypatch, 2.0, [1.9, 2.6, 2.3, 1.95], (2.24, [2.24]), code=(2.0, [2.0, 1.90, 1.93, 2.0]))
+    code = adapt_cli(tiny, recorded, tmp_path / "b.gguf", tmp_path / "work2", "--general-drop", "0.05")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and not (tmp_path / "b.gguf").exists()
+    assert "on the general set's code (2.00 → at most 1.93); --general-drop)" in err[-1]
+
+
 def test_the_paired_error_is_the_standard_error_of_the_per_prompt_changes():
     from dflash_gguf.train.adapt import paired_error
     changes = np.array([0.1, -0.1, 0.1, -0.1])
@@ -277,8 +306,8 @@ def test_adapt_writes_nothing_when_the_better_checkpoints_lose_the_general_set(t
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and not out.exists()
     assert "not written: the 2 checkpoint(s) that beat d.gguf on the 1 held-back recorded requests (τ 2.00, best " \
-           "2.60) lost more than 0.05 τ, one standard error included, on the general set (2.24 → at most 2.10); " \
-           "--general-drop)" in err[-1]
+           "2.60) lost more than 0.05 τ, one standard error included, on the general set (2.24 → at most 2.10) or " \
+           "the general set's chat (2.24 → at most 2.10); --general-drop)" in err[-1]
     record = json.loads((tmp_path / "work" / "adapt-record.json").read_text())
     assert not record["written"] and record["kept"]["tau_held_back"] in (1.9, 1.95)  # held the general set
 
@@ -393,15 +422,46 @@ def test_the_yardstick_measures_the_everyday_set_through_the_targets_chat_templa
 
 
 def test_the_default_replay_holds_the_everyday_mix_the_shipped_drafter_was_continued_on_but_not_the_guards():
-    from dflash_gguf.corpus.prompts import HELD_BACK_FROM, everyday_rows
+    from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS, HELD_BACK_FROM, everyday_rows, family, load
     from dflash_gguf.train.adapt import prompt_sets
-    pool, general, everyday = prompt_sets((), 5, 0)
+    pool, general, everyday = prompt_sets((), 10, 0)
     from_mix = [r for r in pool if str(r.get("id", "")).startswith("everyday-mix:")]
-    assert len(everyday) == 20 and len(general) == 15
+    assert len(everyday) == 20 and len(general) == 30
     assert len(from_mix) == len(everyday_rows()) - 20 and not {r["id"] for r in from_mix} & {r["id"] for r in everyday}
-    assert len(pool) - len(from_mix) == HELD_BACK_FROM           # the default set's part before the held-back one
-    assert not {r["prompt"] for r in general} & {r["prompt"] for r in pool}
-    assert pool == prompt_sets((), 5, 0)[0] and pool != prompt_sets((), 5, 1)[0]     # a fixed order per seed
+    guarded = {family(r) for r in general}
+    assert len(guarded) == 30                                   # ten families per category, one prompt each
+    trained_part = [r for r in load(DEFAULT_PROMPTS)[:HELD_BACK_FROM] if family(r) not in guarded]
+    assert HELD_BACK_FROM - 1500 < len(trained_part) < HELD_BACK_FROM  # the guard's families are a small part
+    assert len(pool) - len(from_mix) == len(trained_part)       # the default set's part before the held-back one
+    assert not guarded & {family(r) for r in pool}              # the replay protects none of the guard's families
+    assert pool == prompt_sets((), 10, 0)[0] and pool != prompt_sets((), 10, 1)[0]     # a fixed order per seed
+
+
+def test_a_prompts_family_is_its_template_module_or_section_and_a_question_of_its_own():
+    from dflash_gguf.corpus.prompts import family, general_set
+    assert family({"source": "template:24:7"}) == "template:24"
+    assert family({"source": "cpython:email.utils:parseaddr"}) == "cpython:email.utils"
+    assert family({"source": "debian-packages:database:rocksdb-tools"}) == "debian-packages:database"
+    assert family({"source": "self-instruct:problem:debian-packages:games:x"}) == "self-instruct:problem:debian-" \
+                                                                                  "packages:games:x"
+    assert family({"prompt": "a"}) != family({"prompt": "b"})
+    rows = [{"category": "math", "source": f"template:{i % 3}:{i}"} for i in range(9)]
+    picked = general_set(rows, 5)                               # three families: three prompts, the last of each
+    assert [r["id"] for r in picked] == [8, 7, 6]
+
+
+def test_the_replay_leaves_out_the_general_sets_families_from_other_prompt_files(tmp_path):
+    from dflash_gguf.corpus.prompts import family
+    from dflash_gguf.train.adapt import prompt_sets
+    rows = [{"category": "code", "source": f"lib:mod{i % 4}:f{i}", "prompt": f"p{i}"} for i in range(12)]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pool, general, _ = prompt_sets((path,), 2, 0)
+    assert {family(r) for r in general} == {"lib:mod3", "lib:mod2"}
+    assert sorted(r["prompt"] for r in pool) == sorted(f"p{i}" for i in range(12) if i % 4 < 2)
+    from dflash_gguf.errors import UserError
+    with pytest.raises(UserError, match="no prompts left to replay"):
+        prompt_sets((path,), 4, 0)
 
 
 def test_the_everyday_set_is_single_turn_everyday_requests_and_story_problems():

@@ -26,14 +26,30 @@ TRAINED_PART = 6408
 HELD_BACK_FROM = 8000
 
 
+def family(row: dict) -> str:
+    """A prompt's family: its math template, code module, package section or request template ("template:24",
+    "cpython:email.utils", "debian-packages:database", "everyday:topic"); a self-instruct question, or a row without a
+    source, is its own."""
+    source = row.get("source", "")
+    if not source:
+        return "prompt:" + row.get("prompt", json.dumps(row.get("messages"), sort_keys=True))
+    if source.startswith("self-instruct"):
+        return source
+    return ":".join(source.split(":")[:2])
+
+
 def general_set(rows: list[dict], per_category: int) -> list[dict]:
-    """A fixed mix of `rows`, `per_category` of each category, taken from the end (for the default set: of its
-    held-back part), each with its index in `rows` as `id` unless it has one: τ on it tells whether a drafter
-    adapted to one kind of traffic got worse elsewhere."""
-    picked = {}
+    """A fixed mix of `rows`, `per_category` of each category from as many families (family()), taken from the end
+    (for the default set: of its held-back part), each with its index in `rows` as `id` unless it has one: τ on it
+    tells whether a drafter adapted to one kind of traffic got worse elsewhere. `train --adapt` replays none of these
+    families (adapt.prompt_sets): a family the replay holds is protected by it and fell half as much as one it does
+    not hold, which is what ../shared/prompts is to the replay (docs/learning.md)."""
+    picked: dict[str, list[dict]] = {}
+    families = set()
     for i in range(len(rows) - 1, -1, -1):
-        cat = rows[i].get("category", "chat")
-        if len(picked.setdefault(cat, [])) < per_category:
+        cat, kin = rows[i].get("category", "chat"), family(rows[i])
+        if kin not in families and len(picked.setdefault(cat, [])) < per_category:
+            families.add(kin)
             picked[cat].append({"id": i, **rows[i]})
     return [r for cat in sorted(picked) for r in picked[cat]]
 

@@ -97,13 +97,14 @@ def register(app: typer.Typer) -> None:
                                                    "to continue (never overwritten)"),
         replay: float = typer.Option(1.0, "--replay", help="with --adapt: sequences of the drafter's original "
                                      "training distribution mixed in per recorded request"),
-        eval_prompts: int = typer.Option(5, "--eval-prompts", help="with --adapt: prompts per category of the "
-                                         "general set τ is measured on before, at every checkpoint and after "
-                                         "(the everyday set: twice as many everyday requests and story problems; "
-                                         "0: neither)"),
+        eval_prompts: int = typer.Option(10, "--eval-prompts", help="with --adapt: prompts per category of the "
+                                         "general set τ is measured on before, at every checkpoint and after, "
+                                         "each from a family the replay leaves out (the everyday set: as many "
+                                         "everyday requests and as many story problems; 0: neither)"),
         general_drop: float = typer.Option(0.05, "--general-drop", help="with --adapt: keep only checkpoints whose "
                                            "τ fell by at most this much from -md's on the general and on the everyday "
-                                           "set, one standard error of the fall included"),
+                                           "set, one standard error of the fall included, and on each category of "
+                                           "the general set"),
         blends: str = typer.Option(",".join(f"{x:g}" for x in BLENDS), "--blends", help="with --adapt: when the last "
                                    "checkpoint lost more than --general-drop, blends of it with -md are measured too, "
                                    "with these shares of it, in this order, until one holds (none: never)"),
