@@ -384,7 +384,8 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
 
     def reserve() -> float:             # what the checkpoints' and blends' measurements will take
         return measurements_planned(s) * _measurement_seconds(trainer, target, work / "candidate.gguf",
-                                                              src.draft_vocab, yardstick, drafter)
+                                                              src.draft_vocab, yardstick, drafter) + \
+            s.checkpoints * _pause_seconds(trainer, work)
     seconds = _training_seconds(work, deadline, resume, s.minutes, reserve)
     start_training(trainer, work, s, seconds, resume)
     base = {"adapted_from": init_record(drafter, src.train_metadata), "store": store_dir.name,
@@ -597,6 +598,19 @@ def _measurement_seconds(trainer, target: TargetFile, path: Path, vocab, yardsti
     yardstick.tau(drafter)
     seconds = time.time() - t
     target.release_model()               # as prepare_data left it: training wants the memory
+    return seconds
+
+
+def _pause_seconds(trainer, work: Path) -> float:
+    """What each checkpoint's pause costs besides its measurement, timed before training: the trainer saves its
+    state and measures its validation each time it stops (Trainer.train), outside the training clock (30 s of a
+    30-minute box over six pauses on the embedded default, 2 threads, before it was counted)."""
+    scratch = work / "pause-timing"
+    t = time.time()
+    trainer.save(scratch)
+    trainer.evaluate(trainer.s.eval_seqs)
+    seconds = time.time() - t
+    shutil.rmtree(scratch, ignore_errors=True)
     return seconds
 
 
