@@ -352,8 +352,9 @@ def test_adapt_blends_the_last_checkpoint_with_the_start_when_it_lost_the_genera
 def test_adapt_keeps_back_from_its_time_box_what_its_measurements_will_take(tiny, recorded, tmp_path, monkeypatch):
     # --max-minutes bounds the whole run: training gets the box less what the checkpoints' and blends' measurements
     # will take, each as long as one measurement of the start's weights exported as a checkpoint (timed before
-    # training; here made to take 100 s): 6 checkpoints + 3 blends, 900 s; and less what each checkpoint's pause
-    # costs besides (the trainer's save and validation, timed too; here made to take 10 s): 60 s
+    # training; here made to take 50 s): 6 checkpoints + 3 blends, 450 s; and what each checkpoint's pause costs
+    # besides (the trainer's save and validation, timed too; here made to take 5 s): 30 s; both times
+    # RESERVE_MARGIN (1.5), 720 s
     import dflash_gguf.train.adapt as adapt_module
     scripted_tau(monkeypatch, 2.0, [2.1, 2.2])
     timed = {"measurement": [], "pause": []}
@@ -361,20 +362,21 @@ def test_adapt_keeps_back_from_its_time_box_what_its_measurements_will_take(tiny
 
     def slow_measurement(*args):
         timed["measurement"].append(measurement_seconds(*args))
-        return 100.0
+        return 50.0
 
     def slow_pause(*args):
         timed["pause"].append(pause_seconds(*args))
-        return 10.0
+        return 5.0
     monkeypatch.setattr(adapt_module, "_measurement_seconds", slow_measurement)
     monkeypatch.setattr(adapt_module, "_pause_seconds", slow_pause)
     assert adapt_module.measurements_planned(adapt_module.AdaptSettings()) == 6 + 3
     assert adapt_cli(tiny, recorded, tmp_path / "adapted.gguf", tmp_path / "work") == 0      # --max-minutes 30
     plan = json.loads((tmp_path / "work" / "adapt-plan.json").read_text())
-    assert len(timed["measurement"]) == 1 and 0 < timed["measurement"][0] < 100
-    assert len(timed["pause"]) == 1 and 0 < timed["pause"][0] < 10
+    assert len(timed["measurement"]) == 1 and 0 < timed["measurement"][0] < 50
+    assert len(timed["pause"]) == 1 and 0 < timed["pause"][0] < 5
     assert not (tmp_path / "work" / "pause-timing").exists()
-    assert 30 * 60 - 960 - 300 < plan["train_seconds"] <= 30 * 60 - 960
+    assert adapt_module.RESERVE_MARGIN == 1.5
+    assert 30 * 60 - 720 - 300 < plan["train_seconds"] <= 30 * 60 - 720
 
 
 def test_a_blend_mixes_every_tensor_the_start_has_in_the_same_shape():

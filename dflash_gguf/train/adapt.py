@@ -40,6 +40,9 @@ from .options import ADAPT_LR, BLENDS
 # what a checkpoint's measurement holds for the guard (a resumed run measured without one of them measures again)
 GUARD_KEYS = ("tau_general", "tau_everyday", "tau_general_se", "tau_everyday_se", "tau_general_by_category")
 RECORDED_INDEX = 10_000_000     # dataset prompt_index of recorded conversation i (replay ones count from 0)
+# what the measurements to come are priced at, times the one timed before training: one run's measurements took 6-11 s
+# where the one timed took ~7 (other load on the machine), and its 30-minute box ran 30.2 minutes at 1.0
+RESERVE_MARGIN = 1.5
 TOP_K = 8                       # the target's most likely tokens kept per position with --tv (the shipped recipe's)
 
 
@@ -354,7 +357,7 @@ class CheckpointChoice:
 
 
 def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: Path, s: AdaptSettings,
-          *, force: bool = False, resume: bool = False) -> dict:
+          *, force: bool = False, resume: bool = False, started: float | None = None) -> dict:
     """Continue `drafter` on the store's conversations and write the checkpoint CheckpointChoice keeps to `out` (a
     new validated GGUF); returns the record (τ before/after, per checkpoint, data, training). If no checkpoint
     beats `drafter` on the held-back requests while holding the general set (`s.general_drop`), `out` is not
@@ -363,7 +366,7 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
     (measurement, data and training)."""
     from ..learn.store import file_tag  # noqa: PLC0415
     from .pipeline import export, init_record, read_drafter, training_record  # noqa: PLC0415
-    t0 = time.time()
+    t0 = started or time.time()         # the time box's start: the command's, when the caller knows it
     check_paths(drafter, out, force)
     train, held = split_held_back(recorded(store_dir, target), s.held_back)
     src = read_drafter(drafter, target)
@@ -383,9 +386,9 @@ def adapt(target: TargetFile, drafter: Path, out: Path, store_dir: Path, work: P
     trainer = continued_trainer(target, src, str(drafter), data, s)
 
     def reserve() -> float:             # what the checkpoints' and blends' measurements will take
-        return measurements_planned(s) * _measurement_seconds(trainer, target, work / "candidate.gguf",
-                                                              src.draft_vocab, yardstick, drafter) + \
-            s.checkpoints * _pause_seconds(trainer, work)
+        return RESERVE_MARGIN * (measurements_planned(s) * _measurement_seconds(
+            trainer, target, work / "candidate.gguf", src.draft_vocab, yardstick, drafter)
+            + s.checkpoints * _pause_seconds(trainer, work))
     seconds = _training_seconds(work, deadline, resume, s.minutes, reserve)
     start_training(trainer, work, s, seconds, resume)
     base = {"adapted_from": init_record(drafter, src.train_metadata), "store": store_dir.name,

@@ -75,6 +75,9 @@ def run(o: SimpleNamespace) -> tuple[dict, Path]:
 def run_adapt(o: SimpleNamespace) -> tuple[dict, Path]:
     """`train --adapt`: the record of the adapted drafter, and the work dir that holds its data and checkpoint."""
     import hashlib
+    import time
+
+    started = time.time()               # --max-minutes bounds the command from here, torch's import included
 
     from ..engine.session import require_native
     from ..paths import cache_root
@@ -97,7 +100,7 @@ def run_adapt(o: SimpleNamespace) -> tuple[dict, Path]:
                                  general_drop=o.general_drop, replay_dir=o.data_dir, tv=o.tv,
                                  blends=o.blend_shares)
         record = adapt(target, o.model_draft, o.out, o.adapt, work, settings, force=o.force,
-                       resume=o.resume is not None)
+                       resume=o.resume is not None, started=started)
         return record, work
 
 
