@@ -123,9 +123,8 @@ def prompt_sets(files: tuple[Path, ...], per_category: int, seed: int) -> tuple[
         pool = rows[:HELD_BACK_FROM] + [r for r in everyday_rows() if r["id"] not in guard]
     else:
         general = general_set(rows, per_category)
-        taken = {r["id"] for r in general}
-        pool = [r for i, r in enumerate(rows) if i not in taken]
-    guarded = {family(r) for r in general}
+        pool = rows
+    guarded = {family(r) for r in general}          # the general set's own prompts are of these families too
     pool = [r for r in pool if family(r) not in guarded]
     if not pool:
         raise UserError(f"--prompts {', '.join(map(str, files))}: no prompts left to replay once the general set "
@@ -332,8 +331,7 @@ class CheckpointChoice:
         top = max(beat, key=lambda p: p["tau_held_back"])
         lost = [f"the {name} set ({start:.2f} → at most {max(p[key] for p in beat):.2f})"
                 for name, key, start in self.guard_sets if any(not self._within(p, key, start) for p in beat)]
-        lost += [f"the general set's {c} ({start:.2f} → at most "
-                 f"{max(p.get('tau_general_by_category', {}).get(c, float('nan')) for p in beat):.2f})"
+        lost += [f"the general set's {c} ({start:.2f} → at most {max(_category_tau(p, c) for p in beat):.2f})"
                  for c, start in (self.start_general_by_category or {}).items()
                  if any(c in self.categories_lost(p) for p in beat)]
         return (f"the {len(beat)} checkpoint(s) that beat {drafter} on the {n_held} held-back recorded requests "
@@ -531,9 +529,14 @@ def _guard_line(point: dict, choice: CheckpointChoice) -> str:
     """", general 2.100 ± 0.021 (start 2.167), everyday ..." for the sets measured."""
     sets = "".join(f", {name} {point[key]:.3f}{_error(point.get(f'{key}_se'))} (start {start:.3f})"
                    for name, key, start in choice.guard_sets if point.get(key) is not None and start is not None)
-    return sets + "".join(f", general's {c} {point.get('tau_general_by_category', {}).get(c, float('nan')):.3f} "
+    return sets + "".join(f", general's {c} {_category_tau(point, c):.3f} "
                           f"(start {choice.start_general_by_category[c]:.3f}) lost"
                           for c in choice.categories_lost(point))
+
+
+def _category_tau(point: dict, category: str) -> float:
+    """τ of a measurement on one category of the general set (nan where it was not measured)."""
+    return (point.get("tau_general_by_category") or {}).get(category, float("nan"))
 
 
 def _error(se: float | None) -> str:

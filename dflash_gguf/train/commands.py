@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
                                            "the general set"),
         blends: str = typer.Option(",".join(f"{x:g}" for x in BLENDS), "--blends", help="with --adapt: when the last "
                                    "checkpoint lost more than --general-drop, blends of it with -md are measured too, "
-                                   "with these shares of it, in this order, until one holds (none: never)"),
+                                   "bisecting these shares of it for the largest that holds (none: never)"),
         threads: int = typer.Option(0, "-t", "--threads", help="CPU threads for harvest and training (0: all)"),
         chat_template: Optional[str] = chat_template_option(),
         force: bool = typer.Option(False, "--force", help="overwrite -o; with --adapt, also write the best "
