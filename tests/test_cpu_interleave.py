@@ -1,13 +1,13 @@
 """Interleaved weights (gemm.h: dflash_cpu_interleave, patches/0014): Q2_K, Q3_K, Q4_K, Q5_K, Q4_0, Q4_1, Q5_0, Q5_1,
-Q8_0, IQ4_NL, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S and IQ1_M matrices whose rows are a multiple of 8, and Q6_K ones where
-VNNI runs, are kept, from load, with each
+Q8_0, IQ4_NL, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M and Q6_K matrices whose rows are a multiple of 8
+are kept, from load, with each
 block of each tile of 8 rows stored as its 4-byte words (Q8_0's quants as q + 128, Q5_0's fifth bits as masks of the
 unpacked lanes), so the kernels read a tile as one stream with no transposes. The layout must change nothing but speed:
 through the C entry points, on every instruction-set variant this CPU runs and with the rows split over threads, the
 product of the interleaved weights equals the product of the same weights in ggml's layout bit for bit at every batch
 width (which tests/test_cpu_kernels.py checks against float64, ggml's stock path and across widths). Models load
 through it in every engine test (tests/test_engine.py, tests/test_exactness.py: SmolLM2 Q4_K_M's Q4_K, Q5_0 and Q8_0
-matrices are interleaved, and its Q6_K ones with VNNI; its token embedding is not)."""
+and Q6_K matrices are interleaved; its token embedding is not)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ BLOCKS_OF_32 = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl")   # blocks of 
 # one fp16 scale, then whole words: the 8 rows' scales lead
 SCALE_FIRST = ("q4_0", "q5_0", "q8_0", "iq4_nl", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s")
 SCALE_LAST = ("q6_k", "q3_k")                       # whole words, then one fp16 scale: the 8 rows' scales close
-WITH_VNNI = ("q6_k",)          # interleaved at load only where VNNI runs (AVX2 keeps them in ggml's layout)
 Q8_K_BYTES = 292                    # one block_q8_K: its activations' row bytes per 256 values
 _P, _I64, _SZ = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
 _NEXT_CHUNK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)     # gemm.h: dflash_cpu_next_chunk
@@ -105,7 +104,7 @@ def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu,
     raw = probe.quantize(w)
     probe.close()
     kind = GGML_TYPES[weight_type]
-    assert cpu.dflash_cpu_interleave_wanted(kind, n_rows) == (weight_type not in WITH_VNNI or kernels.isa != "avx2")
+    assert cpu.dflash_cpu_interleave_wanted(kind, n_rows)
     assert not cpu.dflash_cpu_interleave_wanted(kind, n_rows - 4)          # a partial tile stays in ggml's layout
     assert not cpu.dflash_cpu_interleave_wanted(GGML_TYPES["tq2_0"], n_rows)   # types without our kernels
     inter = np.empty_like(raw)
@@ -155,7 +154,7 @@ def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu,
         for isa, wide in kernels.variants(weight_type not in BLOCKS_OF_32):
             assert kernels.set_isa(isa)
             kernels.set_wide_k_tiles(wide)
-            assert cpu.dflash_cpu_interleave_wanted(kind, n_rows) == (weight_type not in WITH_VNNI or isa != "avx2")
+            assert cpu.dflash_cpu_interleave_wanted(kind, n_rows)
             for n in BATCHES:
                 for nth, claiming in ((1, False), (2, False), (2, True), (3, True)):
                     ours = _product(cpu.dflash_cpu_gemm_interleaved, weight_type, inter, acts, n_blocks, n, nth,

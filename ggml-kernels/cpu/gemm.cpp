@@ -228,9 +228,8 @@ extern "C" bool dflash_cpu_interleave_wanted(enum ggml_type type, int64_t n_rows
         case GGML_TYPE_IQ2_S:
         case GGML_TYPE_IQ1_S:
         case GGML_TYPE_IQ1_M:
+        case GGML_TYPE_Q6_K:
             return true;
-        case GGML_TYPE_Q6_K:   // where VNNI runs its dot steps: without it one column read ggml's layout faster (gemm.h)
-            return isa == ISA_AVX512 || isa == ISA_AVXVNNI;
         default:
             return false;
     }
