@@ -7,6 +7,7 @@
 //
 //   g++ -O2 -std=c++17 lab/gemm_time.cpp -I <src-cpu>/ggml/include -I ggml-kernels/cpu -L <lib dir> -lggml-base -lggml-cpu -o gemm_time
 //   LD_LIBRARY_PATH=<lib dir> ./gemm_time q4_K 65536 2048 20 1 2 4 8    # type, rows, K, rounds, widths...
+//   GEMM_TIME_INTERLEAVE=1 LD_LIBRARY_PATH=<lib dir> ./gemm_time q6_K ...   # both layouts whatever this CPU keeps
 //
 // Rows x K larger than the L3 times weights streamed from memory, as a decode reads them; smaller, from the caches.
 // <lib dir>: the folder `dflash-gguf build --backend cpu` prints; <src-cpu>: the patched tree it was built from.
@@ -60,7 +61,10 @@ int main(int argc, char ** argv) {
     // the types ggml will not quantize without an importance matrix get a flat one
     const std::vector<float> imatrix(K, 1.0f);
     ggml_quantize_chunk(type, w.data(), q.data(), 0, rows, K, ggml_quantize_requires_imatrix(type) ? imatrix.data() : nullptr);
-    const bool interleaved = dflash_cpu_interleave_wanted(type, rows);
+    // GEMM_TIME_INTERLEAVE=1: time the interleaved layout too where this CPU keeps the type in ggml's (an A/B of
+    // dflash_cpu_interleave_wanted's choice, as for Q6_K on AVX2 in docs/cpu-kernels.md)
+    const char * force = getenv("GEMM_TIME_INTERLEAVE");
+    const bool interleaved = (force != nullptr && strcmp(force, "1") == 0) || dflash_cpu_interleave_wanted(type, rows);
     if (interleaved) {
         dflash_cpu_interleave(type, rows, row_bytes, q.data(), weights.data());
     }
