@@ -99,12 +99,13 @@ constexpr int STEP_GROUPS = 4;
 #endif
 
 // Widths K4Format::stream_columns takes (16384 x 2048 interleaved Q4_K weights, 1 thread, in-process A/B against
-// unpacking each block first, two to four runs: AVX-512 B = 1..5 0.74-0.96x, 8 0.99-1.03x, 16 1.37x; AVX2 B = 1..3
-// 0.78-0.97x, 4 0.93-1.00x, 5..8 0.96-1.04x)
-#if DFLASH_CPU_GEMM_VNNI && defined(__AVX512F__)
-constexpr int K4_STREAM_MAX = 8;
-#else
+// unpacking each block first, two to four runs: AVX-512 B = 1..5 0.74-0.96x, 8 0.99-1.03x, 16 1.37x; forced AVX2
+// B = 1..3 0.78-0.97x, 4 0.93-1.00x, 5..8 0.96-1.04x; native AVX2 on Zen 3, builds alternating, B = 5 / 6 0.89-0.91x,
+// 7 0.99-1.00x, 8 0.96-0.97x, Q5_K 5..8 0.99-1.01x; AVX-VNNI not measured beyond 4)
+#if DFLASH_CPU_GEMM_VNNI && !defined(__AVX512F__)
 constexpr int K4_STREAM_MAX = 4;
+#else
+constexpr int K4_STREAM_MAX = 8;
 #endif
 
 // isum[j] += sc * sum_k q[k] . (quants 4k..4k+3 of p[j] + at), k < N, for RN columns; sc16: sc as int16 in both
