@@ -48,8 +48,8 @@ bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_
 
 // Interleaved weights: the types whose kernels read a tile of 8 rows fastest as one stream of words (Q4_K and Q5_K:
 // without the per-call transposes, one column took 0.67x and 8 columns 0.77x the time in ggml's row layout; Q6_K:
-// with VNNI 0.86-0.97x at 1 column and 0.86-0.93x at 4 to 16, native AVX2 (Zen 3) 0.93-0.97x at 1 and 0.90-0.92x at 2
-// and 8 (forced AVX2 on Zen 4 had read 1.04-1.07x at 1 column);
+// with VNNI 0.86-0.97x at 1 column and 0.86-0.93x at 4 to 16, native AVX2 (Zen 3) 0.93-1.00x at 1 in four runs of
+// five (1.06x in one) and 0.90-0.92x at 2 and 8 (forced AVX2 on Zen 4 had read 1.04-1.07x at 1 column);
 // Q2_K and Q3_K, every ISA: 0.84-0.94x at 1 column and 0.78-0.99x at 8 on the ~2B shape; Q4_0: docs/cpu-kernels.md;
 // Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; the lattice IQ types IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) are kept, from load,
 // with each block of each tile of 8 rows stored as its 4-byte words, word w of row r at 32 w + 4 r; a block that opens
