@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dflash_gguf.paths import cache_root  # noqa: E402
-from dflash_gguf.packaged_models import smollm2_q4_1  # noqa: E402
+from dflash_gguf.packaged_models import smollm2  # noqa: E402
 from dflash_gguf.target_file import TargetFile  # noqa: E402
 from dflash_gguf.corpus.prompts import DEFAULT_PROMPTS  # noqa: E402
 from lab import smollm2_recipe as recipe  # noqa: E402
@@ -78,6 +78,8 @@ ap.add_argument("--snapshots", type=int, nargs="*", default=[], help="labelled r
 ap.add_argument("--manifest", action="store_true", help="record the result in dflash_gguf/assets/drafters.json")
 ap.add_argument("--ship", action="store_true", help="copy --out over the shipped drafter and record it in "
                 "drafters.json, only if its engine τ beats the shipped one's")
+ap.add_argument("--target-precision", default="q4_1", help="the target the harvest and τ use: the shipped Q4_1 file "
+                "or SmolLM2 requantized from it by llama.cpp (e.g. q4_k_m, the type people download)")
 ap.add_argument("--confidence-head", action="store_true", help="with --markov-rank: DeepSpec's confidence head, "
                 "trained to predict each slot's acceptance")
 a = ap.parse_args()
@@ -90,7 +92,7 @@ import torch  # noqa: E402
 
 if a.threads:
     torch.set_num_threads(a.threads)
-target = smollm2_q4_1()
+target = smollm2(a.target_precision)
 target_file = TargetFile.open(target)
 prompts = load(a.prompts)
 data = dataset_dir(target_file.sha256, prompts_sha256(prompts), SEED)
