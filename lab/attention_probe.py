@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from dflash_gguf.native.lib import NativeLibrary, bind, libname
-from lab.matmul_probe import _CPU, GGML_TYPES, _CPlan, _InitParams
+from lab.matmul_probe import _CPU, GGML_TYPES, GgmlProbe, _InitParams
 
 _P, _S, _I64, _F = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_float
 
@@ -30,7 +30,7 @@ _BASE = {
 }
 
 
-class AttentionProbe:
+class AttentionProbe(GgmlProbe):
     """Flash attention of `n_rows` query rows per head over a cache of `n_kv` positions.
 
     Shapes: head size `head_dim`, `n_head` query heads reading `n_head_kv` K/V heads (GQA). The cache and the
@@ -89,14 +89,6 @@ class AttentionProbe:
         d, nh, _, _, n = self.shape
         ptr = ctypes.cast(self.base.ggml_get_data(self.out), ctypes.POINTER(ctypes.c_float))
         return np.ctypeslib.as_array(ptr, shape=(n, nh, d)).copy()
-
-    def close(self) -> None:
-        if self.ctx:
-            self.base.ggml_free(self.ctx)
-            self.ctx = None
-
-    def __del__(self):
-        self.close()
 
 
 def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray) -> np.ndarray:

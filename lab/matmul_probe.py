@@ -53,7 +53,22 @@ _CPU = {
 }
 
 
-class MatmulProbe:
+class GgmlProbe:
+    """Owns one ggml context (`self.ctx`, made by the subclass with `self.base.ggml_init`) and frees it."""
+
+    ctx = None
+    base = None
+
+    def close(self) -> None:
+        if self.ctx:
+            self.base.ggml_free(self.ctx)
+            self.ctx = None
+
+    def __del__(self):
+        self.close()
+
+
+class MatmulProbe(GgmlProbe):
     """Weight matrices of one type (`shapes`: [(n_rows, k)], one tensor each) times F32 activations.
 
     For every batch width n in `col_counts` there is one graph that multiplies every weight matrix by
@@ -142,11 +157,3 @@ class MatmulProbe:
         t0 = clock()
         self.compute(n, n_threads, use_ref)
         return clock() - t0
-
-    def close(self) -> None:
-        if self.ctx:
-            self.base.ggml_free(self.ctx)
-            self.ctx = None
-
-    def __del__(self):
-        self.close()
