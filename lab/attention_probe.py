@@ -79,16 +79,9 @@ class AttentionProbe(GgmlProbe):
 
     def compute(self, n_threads: int = 2, use_ref: bool = False) -> np.ndarray:
         """[n_rows, n_head, head_dim] float32: each row's attention output."""
-        plan = self.cpu.ggml_graph_plan(self.graph, n_threads, None)
-        work = np.empty(max(plan.work_size, 1), np.uint8)
-        plan.work_data = work.ctypes.data
-        plan.use_ref = use_ref
-        status = self.cpu.ggml_graph_compute(self.graph, ctypes.byref(plan))
-        if status != 0:
-            raise RuntimeError(f"ggml_graph_compute failed with status {status}")
+        self._compute_graph(self.graph, n_threads, use_ref)
         d, nh, _, _, n = self.shape
-        ptr = ctypes.cast(self.base.ggml_get_data(self.out), ctypes.POINTER(ctypes.c_float))
-        return np.ctypeslib.as_array(ptr, shape=(n, nh, d)).copy()
+        return self._read_f32(self.out, (n, nh, d))
 
 
 def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray) -> np.ndarray:

@@ -54,10 +54,29 @@ _CPU = {
 
 
 class GgmlProbe:
-    """Owns one ggml context (`self.ctx`, made by the subclass with `self.base.ggml_init`) and frees it."""
+    """Owns one ggml context (`self.ctx`, made by the subclass with `self.base.ggml_init`, `self.cpu` bound to
+    ggml-cpu) and frees it; computes its graphs, each plan and work buffer kept per (graph, threads, use_ref)."""
 
     ctx = None
     base = None
+
+    def _compute_graph(self, graph: int, n_threads: int, use_ref: bool) -> None:
+        plans = self.__dict__.setdefault("_plans", {})
+        key = (graph, n_threads, use_ref)
+        if key not in plans:
+            plan = self.cpu.ggml_graph_plan(graph, n_threads, None)
+            work = np.empty(max(plan.work_size, 1), np.uint8)
+            plan.work_data = work.ctypes.data
+            plan.use_ref = use_ref
+            plans[key] = (plan, work)
+        plan, _ = plans[key]
+        status = self.cpu.ggml_graph_compute(graph, ctypes.byref(plan))
+        if status != 0:
+            raise RuntimeError(f"ggml_graph_compute failed with status {status}")
+
+    def _read_f32(self, tensor: int, shape: tuple[int, ...]) -> np.ndarray:
+        ptr = ctypes.cast(self.base.ggml_get_data(tensor), ctypes.POINTER(ctypes.c_float))
+        return np.ctypeslib.as_array(ptr, shape=shape).copy()
 
     def close(self) -> None:
         if self.ctx:
@@ -104,7 +123,6 @@ class MatmulProbe(GgmlProbe):
                 self.outs[n, i] = self.base.ggml_mul_mat(self.ctx, w, self.x[n, k])
                 self.base.ggml_build_forward_expand(graph, self.outs[n, i])
             self.graphs[n] = graph
-        self._plans: dict[tuple[int, int, bool], tuple[_CPlan, np.ndarray]] = {}
 
     # data ------------------------------------------------------------------------------------
     def row_bytes(self, k: int) -> int:
@@ -131,22 +149,11 @@ class MatmulProbe(GgmlProbe):
 
     # compute ---------------------------------------------------------------------------------
     def compute(self, n: int, n_threads: int = 2, use_ref: bool = False) -> None:
-        key = (n, n_threads, use_ref)
-        if key not in self._plans:
-            plan = self.cpu.ggml_graph_plan(self.graphs[n], n_threads, None)
-            work = np.empty(max(plan.work_size, 1), np.uint8)
-            plan.work_data = work.ctypes.data
-            plan.use_ref = use_ref
-            self._plans[key] = (plan, work)
-        plan, _ = self._plans[key]
-        status = self.cpu.ggml_graph_compute(self.graphs[n], ctypes.byref(plan))
-        if status != 0:
-            raise RuntimeError(f"ggml_graph_compute failed with status {status}")
+        self._compute_graph(self.graphs[n], n_threads, use_ref)
 
     def result(self, n: int, i: int = 0) -> np.ndarray:
         """[n, n_rows] float32: row j = weights_i @ activations[j]."""
-        ptr = ctypes.cast(self.base.ggml_get_data(self.outs[n, i]), ctypes.POINTER(ctypes.c_float))
-        return np.ctypeslib.as_array(ptr, shape=(n, self.shapes[i][0])).copy()
+        return self._read_f32(self.outs[n, i], (n, self.shapes[i][0]))
 
     def time_compute(self, n: int, n_threads: int = 2, use_ref: bool = False, cpu_clock: bool = False) -> float:
         """Seconds of one compute of the graph of width n: wall clock, or with cpu_clock (one thread,

@@ -85,6 +85,9 @@ ap.add_argument("--confidence-head", action="store_true", help="with --markov-ra
 a = ap.parse_args()
 if a.markov_rank < 0:
     ap.error(f"--markov-rank {a.markov_rank}: choose 0 (no Markov head) or a rank of at least 1")
+if (a.ship or a.manifest) and a.target_precision != "q4_1":
+    ap.error(f"--ship / --manifest record a drafter for the embedded default, measured on its Q4_1 file: drop them "
+             f"with --target-precision {a.target_precision} (or use q4_1)")
 if a.confidence_head and not a.markov_rank:
     ap.error("--confidence-head reads the Markov head's W1: add --markov-rank R (e.g. 64)")
 
