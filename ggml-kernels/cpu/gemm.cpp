@@ -205,6 +205,15 @@ extern "C" bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_c
 #endif
 }
 
+// AVX-512's masked byte adds take a mask as stored; AVX2 builds one lane's 0x10s from a mask in five instructions
+// (broadcast, shuffle, and, compare, and) and from a bit plane in two (a 16-bit shift and an and): Zen 3, one thread,
+// lab/gemm_time.cpp, Q5_0 16384 x 576, planes against masks, two runs: B = 1 0.80x, B = 2 0.84-0.88x, B = 8
+// 0.91-0.92x the time (docs/cpu-kernels.md)
+extern "C" bool dflash_cpu_q5_0_bit_planes(void) {
+    static const bool planes = best_isa() != ISA_AVX512;
+    return planes;
+}
+
 extern "C" bool dflash_cpu_interleave_wanted(enum ggml_type type, int64_t n_rows) {
     const int isa = current_isa();
     if (n_rows <= 0 || n_rows % 8 != 0 || isa == ISA_NONE) {
@@ -237,8 +246,9 @@ extern "C" bool dflash_cpu_interleave_wanted(enum ggml_type type, int64_t n_rows
 
 namespace {
 
-// Q5_0's fifth bits of an interleaved tile's block, in the lanes its unpacked quants take (q4_0_gemm.cpp): mask k
-// holds, at bit 4 r + i, bit 4 k + i of row r's qh (the fifth bit of the value in byte i of row r's lane of q[k])
+// Q5_0's fifth bits of an interleaved tile's block, as the masks of the lanes its unpacked quants take
+// (q4_0_gemm.cpp): mask k holds, at bit 4 r + i, bit 4 k + i of row r's qh (the fifth bit of the value in byte i of
+// row r's lane of q[k])
 void q5_0_lane_masks(const char * const (&qh)[8], char * out) {
     for (int k = 0; k < 8; ++k) {
         uint32_t mask = 0;
@@ -248,6 +258,21 @@ void q5_0_lane_masks(const char * const (&qh)[8], char * out) {
             mask |= ((bits >> (4 * k)) & 0xF) << (4 * r);
         }
         memcpy(out + 4 * k, &mask, sizeof mask);
+    }
+}
+
+// ... or as bit planes: bit k of byte 4 r + i is bit 4 k + i of row r's qh (the fifth bit of the same value)
+void q5_0_bit_planes(const char * const (&qh)[8], char * out) {
+    for (int r = 0; r < 8; ++r) {
+        uint32_t bits;
+        memcpy(&bits, qh[r], sizeof bits);
+        for (int i = 0; i < 4; ++i) {
+            unsigned plane = 0;
+            for (int k = 0; k < 8; ++k) {
+                plane |= ((bits >> (4 * k + i)) & 1u) << k;
+            }
+            out[4 * r + i] = (char) plane;
+        }
     }
 }
 
@@ -281,12 +306,16 @@ extern "C" void dflash_cpu_interleave(enum ggml_type type, int64_t n_rows, size_
                 }
                 memcpy(out + 32 * words + trail * r, in + 4 * words, trail);
             }
-            if (type == GGML_TYPE_Q5_0) {   // word 0, the 8 rows' qh, as the masks the unpacked lanes take
+            if (type == GGML_TYPE_Q5_0) {   // word 0, the 8 rows' qh, in the form their unpacking takes
                 const char * qh[8];
                 for (int r = 0; r < 8; ++r) {
                     qh[r] = in_rows[r] + lead;
                 }
-                q5_0_lane_masks(qh, out + 8 * lead);
+                if (dflash_cpu_q5_0_bit_planes()) {
+                    q5_0_bit_planes(qh, out + 8 * lead);
+                } else {
+                    q5_0_lane_masks(qh, out + 8 * lead);
+                }
             }
         }
     }

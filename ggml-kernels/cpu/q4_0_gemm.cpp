@@ -29,6 +29,16 @@ DFLASH_INLINE __m256i add_fifth_bits(__m256i nibbles, uint32_t bits) {
 #endif
 }
 
+// An interleaved Q5_0 block's fifth bits as bit planes (gemm.h): bit k of byte 4 r + i is the fifth bit of byte 4 r + i
+// of q[k], moved to 0x10 by one 16-bit shift (bit 4 of either byte of a 16-bit lane comes from that byte's bit k)
+DFLASH_INLINE void add_fifth_bit_planes(__m256i planes, PackedBlock & out) {
+    const __m256i fifth = _mm256_set1_epi8(0x10);
+    for (int k = 0; k < 8; ++k) {
+        const __m256i moved = k < 4 ? _mm256_slli_epi16(planes, 4 - k) : k > 4 ? _mm256_srli_epi16(planes, k - 4) : planes;
+        out.q[k] = _mm256_or_si256(out.q[k], _mm256_and_si256(moved, fifth));
+    }
+}
+
 template <class Self, typename WeightBlock, int QMAX, int OFFSET>
 struct Offset32 : Format32<Self, WeightBlock, block_q8_0, QMAX, false> {
     using Block = WeightBlock;
@@ -74,18 +84,25 @@ struct Q4_0 : Offset32<Q4_0, block_q4_0, 15, 8> {
     }
 };
 
-struct Q5_0 : Offset32<Q5_0, block_q5_0, 31, 16> {
+// PLANES: an interleaved tile's fifth bits are bit planes, not masks (gemm.h); one instance per layout, chosen per
+// call (a test per block took 1.19x the time at B = 1)
+template <bool PLANES>
+struct Q5_0T : Offset32<Q5_0T<PLANES>, block_q5_0, 31, 16> {
     // value k takes bit k of qh as its fifth bit (0x10)
     static DFLASH_INLINE __m256i row_quants(const block_q5_0 & x) {
         return add_fifth_bits(nibbles_in_order(x.qs), load_u32(x.qh));
     }
 
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
-        if (t.interleaved) {     // the 8 rows' scales, the masks of q[0..8)'s fifth bits (gemm.h), then the nibbles
-            const char * masks = scales_first_block<block_q5_0>(t, b, out);
-            interleaved_nibbles(masks + 4 * TILE_ROWS, out);
-            for (int k = 0; k < 8; ++k) {
-                out.q[k] = add_fifth_bits(out.q[k], load_u32(masks + 4 * k));
+        if (t.interleaved) {     // the 8 rows' scales, q[0..8)'s fifth bits (planes or masks, gemm.h), the nibbles
+            const char * fifth = scales_first_block<block_q5_0>(t, b, out);
+            interleaved_nibbles(fifth + 4 * TILE_ROWS, out);
+            if constexpr (PLANES) {
+                add_fifth_bit_planes(_mm256_loadu_si256((const __m256i *) fifth), out);
+            } else {
+                for (int k = 0; k < 8; ++k) {
+                    out.q[k] = add_fifth_bits(out.q[k], load_u32(fifth + 4 * k));
+                }
             }
             return;
         }
@@ -103,7 +120,29 @@ struct Q5_0 : Offset32<Q5_0, block_q5_0, 31, 16> {
 #endif  // DFLASH_CPU_GEMM_X86
 
 DFLASH_CPU_GEMM_ENTRY(gemm_q4_0, Q4_0)
+#if DFLASH_CPU_GEMM_X86
+bool gemm_q5_0(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes, const void * B,
+               size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth, dflash_cpu_next_chunk next_chunk,
+               void * pool) {
+    tile_gemm<Q5_0T<false>>(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth, next_chunk,
+                            pool, false);
+    return true;
+}
+bool gemm_q5_0_interleaved(int64_t n_rows, int64_t n_cols, int64_t n_blocks, const void * A, size_t a_row_bytes,
+                           const void * B, size_t b_row_bytes, float * C, int64_t ldc, int ith, int nth,
+                           dflash_cpu_next_chunk next_chunk, void * pool) {
+    if (dflash_cpu_q5_0_bit_planes()) {
+        tile_gemm<Q5_0T<true>>(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth, next_chunk,
+                               pool, true);
+    } else {
+        tile_gemm<Q5_0T<false>>(n_rows, n_cols, n_blocks, A, a_row_bytes, B, b_row_bytes, C, ldc, ith, nth,
+                                next_chunk, pool, true);
+    }
+    return true;
+}
+#else
 DFLASH_CPU_GEMM_ENTRY(gemm_q5_0, Q5_0)
+#endif
 
 }  // namespace DFLASH_CPU_VARIANT
 }  // namespace dflash_cpu
