@@ -1,8 +1,8 @@
 """Interleaved weights (gemm.h: dflash_cpu_interleave, patches/0014): Q2_K, Q3_K, Q4_K, Q5_K, Q4_0, Q4_1, Q5_0, Q5_1,
 Q8_0, IQ4_NL, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M and Q6_K matrices whose rows are a multiple of 8
 are kept, from load, with each
-block of each tile of 8 rows stored as its 4-byte words (Q8_0's quants as q + 128, Q5_0's fifth bits as bit planes or
-masks of the unpacked lanes), so the kernels read a tile as one stream with no transposes. The layout must change nothing but speed:
+block of each tile of 8 rows stored as its 4-byte words (Q8_0's quants as q + 128, Q5_0's and Q5_1's fifth bits as bit
+planes, or Q5_0's as masks, of the unpacked lanes), so the kernels read a tile as one stream with no transposes. The layout must change nothing but speed:
 through the C entry points, on every instruction-set variant this CPU runs and with the rows split over threads, the
 product of the interleaved weights equals the product of the same weights in ggml's layout bit for bit at every batch
 width (which tests/test_cpu_kernels.py checks against float64, ggml's stock path and across widths). Models load
@@ -121,7 +121,7 @@ def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu,
     else:
         moved = raw
     assert not np.array_equal(inter, raw)
-    if weight_type != "q5_0":       # the same bytes in another order (Q5_0's fifth bits move bit by bit)
+    if weight_type not in ("q5_0", "q5_1"):    # the same bytes in another order (the fifth bits move bit by bit)
         assert np.array_equal(np.sort(inter, axis=None), np.sort(moved, axis=None))
     tile = inter[:8].reshape(-1)
     if weight_type in SCALE_FIRST:
@@ -139,14 +139,16 @@ def test_interleaved_weights_give_the_bits_of_ggmls_layout(native, kernels, cpu,
         # the words (Q6_K 52, Q3_K 27), then the 8 rows' fp16 d: row 5's d of the first tile's second block
         words = (block - 2) // 4
         assert np.array_equal(tile[8 * block + 32 * words + 2 * 5:][:2], raw[5, 2 * block - 2:2 * block])
-    if weight_type == "q5_0":
-        # bit 4 k + i of row r's fifth bits, for every block of the first tile: as bit planes (this CPU's best variant
-        # is not AVX-512's), bit k of byte 4 r + i at 16; as masks, bit 4 r + i of mask k at 16 + 4 k
-        qh = np.stack([raw[:8, b * block + 2:b * block + 6].copy().view("<u4")[:, 0] for b in range(n_blocks)])
-        fifth = np.stack([tile[b * 8 * block + 16:b * 8 * block + 48] for b in range(n_blocks)])
+    if weight_type in ("q5_0", "q5_1"):
+        # bit 4 k + i of row r's fifth bits (Q5_0's qh at byte 2 of a block, Q5_1's at 4), for every block of the first
+        # tile: as bit planes (Q5_1; Q5_0 where this CPU's best variant is not AVX-512's), bit k of byte 4 r + i at 16
+        # (Q5_1: at 32, its word 1); as masks, bit 4 r + i of mask k at 16 + 4 k
+        at, to = (2, 16) if weight_type == "q5_0" else (4, 32)
+        qh = np.stack([raw[:8, b * block + at:b * block + at + 4].copy().view("<u4")[:, 0] for b in range(n_blocks)])
+        fifth = np.stack([tile[b * 8 * block + to:b * 8 * block + to + 32] for b in range(n_blocks)])
         r, i, kk = np.meshgrid(np.arange(8), np.arange(4), np.arange(8), indexing="ij")
         want = (qh[:, r] >> (4 * kk + i)) & 1
-        if cpu.dflash_cpu_q5_0_bit_planes():
+        if weight_type == "q5_1" or cpu.dflash_cpu_q5_0_bit_planes():
             got = (fifth[:, 4 * r + i] >> kk) & 1
         else:
             got = (fifth.copy().view("<u4")[:, kk] >> (4 * r + i)) & 1

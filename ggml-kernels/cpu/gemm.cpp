@@ -261,8 +261,9 @@ void q5_0_lane_masks(const char * const (&qh)[8], char * out) {
     }
 }
 
-// ... or as bit planes: bit k of byte 4 r + i is bit 4 k + i of row r's qh (the fifth bit of the same value)
-void q5_0_bit_planes(const char * const (&qh)[8], char * out) {
+// ... or as bit planes (Q5_1's always): bit k of byte 4 r + i is bit 4 k + i of row r's qh (the fifth bit of the same
+// value)
+void fifth_bit_planes(const char * const (&qh)[8], char * out) {
     for (int r = 0; r < 8; ++r) {
         uint32_t bits;
         memcpy(&bits, qh[r], sizeof bits);
@@ -306,13 +307,14 @@ extern "C" void dflash_cpu_interleave(enum ggml_type type, int64_t n_rows, size_
                 }
                 memcpy(out + 32 * words + trail * r, in + 4 * words, trail);
             }
-            if (type == GGML_TYPE_Q5_0) {   // word 0, the 8 rows' qh, in the form their unpacking takes
+            if (type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1) {   // the 8 rows' qh as their unpacking takes them
+                const size_t at = type == GGML_TYPE_Q5_0 ? lead : 4;       // Q5_0's word 0, Q5_1's word 1
                 const char * qh[8];
                 for (int r = 0; r < 8; ++r) {
-                    qh[r] = in_rows[r] + lead;
+                    qh[r] = in_rows[r] + at;
                 }
-                if (dflash_cpu_q5_0_bit_planes()) {
-                    q5_0_bit_planes(qh, out + 8 * lead);
+                if (type == GGML_TYPE_Q5_1 || dflash_cpu_q5_0_bit_planes()) {
+                    fifth_bit_planes(qh, out + 8 * lead + 32 * (at / 4));
                 } else {
                     q5_0_lane_masks(qh, out + 8 * lead);
                 }

@@ -57,10 +57,10 @@ bool dflash_cpu_gemm(enum ggml_type type, int64_t n_rows, int64_t n_cols, int64_
 // first, 16 bytes, and its words after them, at 16 + 32 w + 4 r; one that closes
 // with its fp16 d (Q6_K after 52 words, Q3_K after 27) keeps its words first and the 8 rows' d after them, row r's at
 // 32 * words + 2 r (the bytes of 8 rows; the rows' order within a block changes, nothing else, but for
-// two types: Q8_0's quants are stored as q + 128, and Q5_0's word 0, the 8 rows' fifth bits, in the lanes its
-// unpacking fills: where dflash_cpu_q5_0_bit_planes() says so as bit planes, byte 4 r + i at 16 + 4 r + i holding bit
-// 4 k + i of row r's fifth bits at bit k, otherwise as 8 masks, mask k at 16 + 4 k holding that bit at bit 4 r + i).
-// ggml-cpu's repack buffer keeps them so (patches/0014).
+// three types: Q8_0's quants are stored as q + 128, and the 8 rows' fifth bits of Q5_0 (its word 0, at 16) and Q5_1
+// (word 1, at 32) in the lanes their unpacking fills: as bit planes, byte 4 r + i holding bit 4 k + i of row r's fifth
+// bits at bit k (Q5_1 always, Q5_0 where dflash_cpu_q5_0_bit_planes() says so), otherwise (Q5_0) as 8 masks, mask k at
+// 16 + 4 k holding that bit at bit 4 r + i). ggml-cpu's repack buffer keeps them so (patches/0014).
 // Which of the two Q5_0 takes on this CPU (one answer per process: bit planes unless the best variant is AVX-512's):
 bool dflash_cpu_q5_0_bit_planes(void);
 // Whether weights of `type` with n_rows rows (a 2-D matrix) are kept that way on this CPU:

@@ -29,16 +29,6 @@ DFLASH_INLINE __m256i add_fifth_bits(__m256i nibbles, uint32_t bits) {
 #endif
 }
 
-// An interleaved Q5_0 block's fifth bits as bit planes (gemm.h): bit k of byte 4 r + i is the fifth bit of byte 4 r + i
-// of q[k], moved to 0x10 by one 16-bit shift (bit 4 of either byte of a 16-bit lane comes from that byte's bit k)
-DFLASH_INLINE void add_fifth_bit_planes(__m256i planes, PackedBlock & out) {
-    const __m256i fifth = _mm256_set1_epi8(0x10);
-    for (int k = 0; k < 8; ++k) {
-        const __m256i moved = k < 4 ? _mm256_slli_epi16(planes, 4 - k) : k > 4 ? _mm256_srli_epi16(planes, k - 4) : planes;
-        out.q[k] = _mm256_or_si256(out.q[k], _mm256_and_si256(moved, fifth));
-    }
-}
-
 template <class Self, typename WeightBlock, int QMAX, int OFFSET>
 struct Offset32 : Format32<Self, WeightBlock, block_q8_0, QMAX, false> {
     using Block = WeightBlock;

@@ -57,11 +57,11 @@ struct Q4_1 : WithMin32<Q4_1, block_q4_1, 15> {
 
 struct Q5_1 : WithMin32<Q5_1, block_q5_1, 31> {
     static DFLASH_INLINE void unpack(const Tile & t, int64_t b, PackedBlock & out) {
-        if (t.interleaved) {     // word 0 of the 8 rows (d, then m), word 1 their qh, then their nibbles
+        if (t.interleaved) {     // word 0 of the 8 rows (d, then m), word 1 their fifth bits as planes, the nibbles
             const char * block = t.interleaved_block<block_q5_1>(b);
             interleaved_row_scales(block, out);
             interleaved_nibbles(block + 64, out);
-            add_fifth_bit_lanes(_mm256_loadu_si256((const __m256i *) (block + 32)), out);
+            add_fifth_bit_planes(_mm256_loadu_si256((const __m256i *) (block + 32)), out);
             return;
         }
         const block_q5_1 * r[TILE_ROWS];

@@ -441,6 +441,22 @@ DFLASH_INLINE void add_fifth_bit_lanes(__m256i qh, PackedBlock & out) {
     }
 }
 
+// The same from an interleaved block's bit planes (Q5_0 where the CPU's best variant is not AVX-512's, Q5_1: gemm.h): bit k
+// of byte 4 r + i is the fifth bit of byte 4 r + i of q[k]. AVX2 moves it to 0x10 with one 16-bit shift (bit 4 of
+// either byte of a 16-bit lane comes from that byte's bit k) and an and; AVX-512 tests it into a mask.
+DFLASH_INLINE void add_fifth_bit_planes(__m256i planes, PackedBlock & out) {
+    const __m256i fifth = _mm256_set1_epi8(0x10);
+    for (int k = 0; k < 8; ++k) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+        const __mmask32 set = _mm256_test_epi8_mask(planes, _mm256_set1_epi8((char) (1 << k)));
+        out.q[k] = _mm256_mask_add_epi8(out.q[k], set, out.q[k], fifth);
+#else
+        const __m256i moved = k < 4 ? _mm256_slli_epi16(planes, 4 - k) : k > 4 ? _mm256_srli_epi16(planes, k - 4) : planes;
+        out.q[k] = _mm256_or_si256(out.q[k], _mm256_and_si256(moved, fifth));
+#endif
+    }
+}
+
 // Block b of an interleaved tile whose blocks open with one fp16 scale (Q4_0, Q5_0, Q8_0, IQ4_NL; gemm.h): the 8
 // rows' scales into out.d (out.m zero); returns the block's words, which follow the scales
 template <typename Block>
