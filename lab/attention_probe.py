@@ -8,25 +8,19 @@ dispatch a model's decode uses (our kernel, patches/0012 and 0023; `use_ref=True
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import numpy as np
 
-from dflash_gguf.native.lib import NativeLibrary, bind, libname
-from lab.matmul_probe import _CPU, GGML_TYPES, GgmlProbe, _InitParams
+from dflash_gguf.native.lib import NativeLibrary
+from lab.matmul_probe import GGML_TYPES, GRAPH_FUNCTIONS, GgmlProbe
 
 _P, _S, _I64, _F = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_float
 
 _BASE = {
-    "ggml_init": ([_InitParams], _P),
-    "ggml_free": ([_P], None),
-    "ggml_new_tensor_2d": ([_P, ctypes.c_int, _I64, _I64], _P),
+    **GRAPH_FUNCTIONS,
     "ggml_new_tensor_3d": ([_P, ctypes.c_int, _I64, _I64, _I64], _P),
     "ggml_view_3d": ([_P, _P, _I64, _I64, _I64, _S, _S, _S], _P),
     "ggml_flash_attn_ext": ([_P, _P, _P, _P, _P, _F, _F, _F], _P),
-    "ggml_new_graph": ([_P], _P),
-    "ggml_build_forward_expand": ([_P, _P], None),
-    "ggml_get_data": ([_P], _P),
 }
 
 
@@ -38,15 +32,11 @@ class AttentionProbe(GgmlProbe):
     """
 
     def __init__(self, native: NativeLibrary, head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_rows: int):
-        self.base = bind(native.ggml_base, _BASE)
-        self.cpu = bind(ctypes.CDLL(str(Path(native.lib_dir) / libname("ggml-cpu"))), _CPU)
-        self.cpu.ggml_cpu_init()
+        super().__init__(native, _BASE)
         self.shape = (head_dim, n_head, n_head_kv, n_kv, n_rows)
         cache = 2 * head_dim * n_head_kv * n_kv * 2
         mem = cache + 4 * head_dim * n_head * n_rows * 2 + 2 * n_kv * n_rows + (4 << 20)
-        self.ctx = self.base.ggml_init(_InitParams(mem, None, False))
-        if not self.ctx:
-            raise MemoryError(f"ggml_init could not allocate {mem} bytes")
+        self._new_context(mem)
         f16, f32 = GGML_TYPES["f16"], GGML_TYPES["f32"]
         new3 = self.base.ggml_new_tensor_3d
         self.q = new3(self.ctx, f32, head_dim, n_rows, n_head)
@@ -61,9 +51,6 @@ class AttentionProbe(GgmlProbe):
         self.out = self.base.ggml_flash_attn_ext(self.ctx, self.q, k, v, self.mask, 1.0 / np.sqrt(head_dim), 0.0, 0.0)
         self.graph = self.base.ggml_new_graph(self.ctx)
         self.base.ggml_build_forward_expand(self.graph, self.out)
-
-    def _write(self, tensor: int, values: np.ndarray) -> None:
-        ctypes.memmove(self.base.ggml_get_data(tensor), values.ctypes.data, values.nbytes)
 
     def set_inputs(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray) -> None:
         """q [n_rows, n_head, head_dim], k and v [n_kv, n_head_kv, head_dim] (stored as F16), visible [n_rows, n_kv]

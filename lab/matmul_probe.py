@@ -33,14 +33,18 @@ class _CPlan(ctypes.Structure):   # struct ggml_cplan (ggml-cpu.h)
                 ("abort_callback", _P), ("abort_callback_data", _P), ("use_ref", ctypes.c_bool)]
 
 
-_BASE = {
+# what every probe's graph takes from ggml-base (GgmlProbe); each probe adds its ops
+GRAPH_FUNCTIONS = {
     "ggml_init": ([_InitParams], _P),
     "ggml_free": ([_P], None),
     "ggml_new_tensor_2d": ([_P, ctypes.c_int, _I64, _I64], _P),
-    "ggml_mul_mat": ([_P, _P, _P], _P),
     "ggml_new_graph": ([_P], _P),
     "ggml_build_forward_expand": ([_P, _P], None),
     "ggml_get_data": ([_P], _P),
+}
+_BASE = {
+    **GRAPH_FUNCTIONS,
+    "ggml_mul_mat": ([_P, _P, _P], _P),
     "ggml_nbytes": ([_P], _S),
     "ggml_row_size": ([ctypes.c_int, _I64], _S),
     "ggml_quantize_chunk": ([ctypes.c_int, _P, _P, _I64, _I64, _I64, _P], _S),
@@ -54,14 +58,29 @@ _CPU = {
 
 
 class GgmlProbe:
-    """Owns one ggml context (`self.ctx`, made by the subclass with `self.base.ggml_init`, `self.cpu` bound to
-    ggml-cpu) and frees it; computes its graphs, each plan and work buffer kept per (graph, threads, use_ref)."""
+    """ggml-base's functions (`self.base`: GRAPH_FUNCTIONS and the probe's own), ggml-cpu's (`self.cpu`) and one ggml
+    context (`self.ctx`, made by `_new_context`, freed by `close`); computes its graphs, each plan and work buffer kept
+    per (graph, threads, use_ref)."""
 
-    ctx = None
-    base = None
+    ctx = None   # until _new_context: close() has nothing to free
+
+    def __init__(self, native: NativeLibrary, base_functions: dict):
+        self.base = bind(native.ggml_base, base_functions)
+        self.cpu = bind(ctypes.CDLL(str(Path(native.lib_dir) / libname("ggml-cpu"))), _CPU)
+        self.cpu.ggml_cpu_init()
+        self._plans: dict[tuple[int, int, bool], tuple[_CPlan, np.ndarray]] = {}
+
+    def _new_context(self, mem: int) -> None:
+        self.ctx = self.base.ggml_init(_InitParams(mem, None, False))
+        if not self.ctx:
+            raise MemoryError(f"ggml_init could not allocate {mem} bytes")
+
+    def _write(self, tensor: int, values: np.ndarray) -> None:
+        """values (C-contiguous, the tensor's type and size) into the tensor's data"""
+        ctypes.memmove(self.base.ggml_get_data(tensor), values.ctypes.data, values.nbytes)
 
     def _compute_graph(self, graph: int, n_threads: int, use_ref: bool) -> None:
-        plans = self.__dict__.setdefault("_plans", {})
+        plans = self._plans
         key = (graph, n_threads, use_ref)
         if key not in plans:
             plan = self.cpu.ggml_graph_plan(graph, n_threads, None)
@@ -97,9 +116,7 @@ class MatmulProbe(GgmlProbe):
 
     def __init__(self, native: NativeLibrary, weight_type: str, shapes: list[tuple[int, int]],
                  col_counts: list[int]):
-        self.base = bind(native.ggml_base, _BASE)
-        self.cpu = bind(ctypes.CDLL(str(Path(native.lib_dir) / libname("ggml-cpu"))), _CPU)
-        self.cpu.ggml_cpu_init()
+        super().__init__(native, _BASE)
         self.type = GGML_TYPES[weight_type]
         self.shapes = list(shapes)
         ks = sorted({k for _, k in self.shapes})
@@ -107,9 +124,7 @@ class MatmulProbe(GgmlProbe):
         act_bytes = sum(n * (sum(ks) + sum(r for r, _ in self.shapes)) * 4 for n in col_counts)
         n_tensors = len(self.shapes) * (1 + 2 * len(col_counts)) + len(ks) * len(col_counts)
         mem = weight_bytes + act_bytes + n_tensors * 512 + len(col_counts) * (1 << 20) + (1 << 20)
-        self.ctx = self.base.ggml_init(_InitParams(mem, None, False))
-        if not self.ctx:
-            raise MemoryError(f"ggml_init could not allocate {mem} bytes")
+        self._new_context(mem)
         new = self.base.ggml_new_tensor_2d
         self.weights = [new(self.ctx, self.type, k, r) for r, k in self.shapes]
         self.x: dict[tuple[int, int], int] = {}
@@ -138,14 +153,14 @@ class MatmulProbe(GgmlProbe):
         raw = np.ascontiguousarray(raw, dtype=np.uint8)
         if raw.shape != (r, self.row_bytes(k)):
             raise ValueError(f"weights {i} must be uint8 {(r, self.row_bytes(k))}, got {raw.shape}")
-        ctypes.memmove(self.base.ggml_get_data(self.weights[i]), raw.ctypes.data, raw.nbytes)
+        self._write(self.weights[i], raw)
 
     def set_activations(self, x: np.ndarray) -> None:
         """float32 [n, k]: the activations of every matrix with that k in the graph of width n."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2 or tuple(x.shape) not in self.x:
             raise ValueError(f"activations must be float32 [n, k] with (n, k) in {sorted(self.x)}, got {x.shape}")
-        ctypes.memmove(self.base.ggml_get_data(self.x[x.shape]), x.ctypes.data, x.nbytes)
+        self._write(self.x[x.shape], x)
 
     # compute ---------------------------------------------------------------------------------
     def compute(self, n: int, n_threads: int = 2, use_ref: bool = False) -> None:

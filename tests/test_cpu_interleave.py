@@ -1,13 +1,13 @@
 """Interleaved weights (gemm.h: dflash_cpu_interleave, patches/0014): Q2_K, Q3_K, Q4_K, Q5_K, Q4_0, Q4_1, Q5_0, Q5_1,
-Q8_0, IQ4_NL, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M and Q6_K matrices whose rows are a multiple of 8
-are kept, from load, with each
-block of each tile of 8 rows stored as its 4-byte words (Q8_0's quants as q + 128, Q5_0's and Q5_1's fifth bits as bit
-planes, or Q5_0's as masks, of the unpacked lanes), so the kernels read a tile as one stream with no transposes. The layout must change nothing but speed:
-through the C entry points, on every instruction-set variant this CPU runs and with the rows split over threads, the
-product of the interleaved weights equals the product of the same weights in ggml's layout bit for bit at every batch
-width (which tests/test_cpu_kernels.py checks against float64, ggml's stock path and across widths). Models load
-through it in every engine test (tests/test_engine.py, tests/test_exactness.py: SmolLM2 Q4_K_M's Q4_K, Q5_0 and Q8_0
-and Q6_K matrices are interleaved; its token embedding is not)."""
+Q8_0, IQ4_NL, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M and Q6_K matrices whose rows are a multiple of 8 are
+kept, from load, with each block of each tile of 8 rows stored as its 4-byte words (Q8_0's quants as q + 128, Q5_0's and
+Q5_1's fifth bits as bit planes, or Q5_0's as masks, of the unpacked lanes), so the kernels read a tile as one stream
+with no transposes. The layout must change nothing but speed: through the C entry points, on every instruction-set
+variant this CPU runs and with the rows split over threads, the product of the interleaved weights equals the product of
+the same weights in ggml's layout bit for bit at every batch width (which tests/test_cpu_kernels.py checks against
+float64, ggml's stock path and across widths). Models load through it in every engine test (tests/test_engine.py,
+tests/test_exactness.py: SmolLM2 Q4_K_M's Q4_K, Q5_0 and Q8_0 and Q6_K matrices are interleaved; its token embedding is
+not)."""
 
 from __future__ import annotations
 
