@@ -35,6 +35,12 @@ COSTS = {
                  calibrated=dict(t={1: 1, 2: 1.201, 3: 1.37, 4: 1.374, 6: 1.757, 8: 2.012, 12: 2.8, 16: 3.6},
                                  cold={2: 1.237, 3: 1.269, 4: 1.331, 5: 1.653, 7: 1.754, 8: 1.867},
                                  draft={1: 0.131, 2: 0.131, 3: 0.128, 4: 0.16, 6: 0.172, 7: 0.183})),
+    # the same files on the same Zen 3 guest after Q5_0's bit planes (2026-12-07, eighth session): bench runs 117-120's
+    # calibrations, the cold verifies and draft calls of an in-process run of the dflash arm
+    "zen3b": dict(verify_cold={1: 1.0, 2: 1.20, 3: 1.40, 4: 1.60}, verify_step=0.22, draft=(0.17, 0.02),
+                  calibrated=dict(t={1: 1, 2: 1.173, 3: 1.382, 4: 1.636, 6: 2.066, 8: 2.499, 12: 3.605, 16: 4.674},
+                                  cold={2: 1.205, 3: 1.544, 4: 1.536, 5: 1.708, 7: 2.139, 8: 2.413},
+                                  draft={1: 0.151, 2: 0.193, 3: 0.156, 4: 0.174, 6: 0.202, 7: 0.238})),
     # the same files on the Zen 1 (2026-12-05): a 1-draft step cost 1.45-1.53 t(1) in always-1 runs; the calibration
     # of the same night
     "zen1": dict(verify_cold={1: 1.0, 2: 1.36, 3: 1.68, 4: 2.02}, verify_step=0.33, draft=(0.14, 0.032),
@@ -121,7 +127,7 @@ def collect(args) -> None:
 
 def _policy(kind: str):
     from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy
-    from policy_variants import OptimisticPolicy
+    from policy_variants import MeanOrDrawPolicy, OptimisticPolicy, StreakPolicy
     calibrated = COST["calibrated"]
     curve = CostCurve({b: v * T1 for b, v in calibrated["t"].items()}, 0.2 * T1, short_blocks=True,
                       t_draft_n={n: v * T1 for n, v in calibrated["draft"].items()},
@@ -129,6 +135,10 @@ def _policy(kind: str):
     before = dict(explore=False, recheck=32, carry_weight=4)       # the mean, weighed every 32 plain steps
     if kind.startswith("optimistic"):                               # "optimistic1.5": z = 1.5
         return OptimisticPolicy(N_MAX, 1, cost=curve, z=float(kind[len("optimistic"):] or 1.5))
+    if kind == "maxdraw":                                           # draft where α1's mean or its draw pays
+        return MeanOrDrawPolicy(N_MAX, 1, cost=curve)
+    if kind.startswith("streak"):                                   # "streak8": implied t(1) after 8 draft steps
+        return StreakPolicy(N_MAX, 1, cost=curve, streak=int(kind[len("streak"):] or 8))
     if kind.startswith("carry"):                                    # "carry32": the carried α counts 32 observations
         return DraftLengthPolicy(N_MAX, 1, cost=curve, carry_weight=float(kind[len("carry"):]))
     return DraftLengthPolicy(N_MAX, 1, cost=curve, **(before if kind == "before" else {}))

@@ -9,7 +9,7 @@ engine keeps the draw.
 
 from __future__ import annotations
 
-from dflash_gguf.engine.policy import DraftLengthPolicy, SlotAcceptance
+from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy, SlotAcceptance, _smoothed
 
 
 class OptimisticSlots(SlotAcceptance):
@@ -46,4 +46,45 @@ class OptimisticPolicy(DraftLengthPolicy):
                 draft_s: float | None = None, draft_n: int | None = None, lookup: bool = False) -> None:
         if n_drafted == 0 and not lookup:
             self.slots.idle += 1
+        super().observe(n_drafted, n_accepted, verify_s, draft_s, draft_n, lookup)
+
+
+class MeanOrDrawSlots(SlotAcceptance):
+    """SlotAcceptance whose α1 "draw" is the larger of its posterior mean and a draw from the posterior."""
+
+    def draw_first(self, rng) -> float:
+        return max(self.alpha()[0], super().draw_first(rng))
+
+
+class MeanOrDrawPolicy(DraftLengthPolicy):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.slots = MeanOrDrawSlots(self.draft_max)
+
+
+class StreakCostCurve(CostCurve):
+    """CostCurve whose verify timings lower t(1) through the calibrated shape only once `streak` draft steps ran
+    since the last plain step (`since_plain`): between plain steps t(1) is timed directly."""
+    streak: int = 8
+    since_plain: int = 0
+
+    def observe_verify(self, b: int, seconds: float, cold: bool = False) -> None:
+        if self.since_plain >= self.streak:
+            return super().observe_verify(b, seconds, cold)
+        table = self.t_cold if cold and self.t_cold else self.t
+        table[b] = _smoothed(table.get(b), seconds, self.smoothing)
+        self.version += 1
+
+
+class StreakPolicy(DraftLengthPolicy):
+    def __init__(self, *args, streak: int = 8, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cost.__class__ = StreakCostCurve
+        self.cost.streak = streak
+        self.cost.since_plain = 0
+
+    def observe(self, n_drafted: int, n_accepted: int, verify_s: float | None = None,
+                draft_s: float | None = None, draft_n: int | None = None, lookup: bool = False) -> None:
+        if not lookup:
+            self.cost.since_plain = 0 if n_drafted == 0 else self.cost.since_plain + 1
         super().observe(n_drafted, n_accepted, verify_s, draft_s, draft_n, lookup)
