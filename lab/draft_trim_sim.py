@@ -82,7 +82,8 @@ class EnginePolicy:
 
     def __init__(self, trim: bool):
         from dflash_gguf.engine.confidence import ConfidenceCalibration
-        from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy
+        from dflash_gguf.engine.cost import CostCurve
+        from dflash_gguf.engine.policy import DraftLengthPolicy
         cost = CostCurve(dict(VERIFY), DRAFT[7], short_blocks=True, t_draft_n=dict(DRAFT),
                          t_cold={b: VERIFY[b] for b in range(2, 9)})
         self.policy = DraftLengthPolicy(7, cost=cost)

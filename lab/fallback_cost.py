@@ -44,7 +44,7 @@ PROMPTS = Path(__file__).resolve().parent.parent.parent / "shared" / "prompts"
 
 def _own_curve(engine):
     """A copy of the engine's cost curve: an arm's timings then move its own prices only."""
-    from dflash_gguf.engine.policy import CostCurve
+    from dflash_gguf.engine.cost import CostCurve
     return CostCurve.from_json(engine.cost.to_json())
 
 

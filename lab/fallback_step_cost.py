@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from dflash_gguf.engine.loop import GenerationResult, SpecDecoder
-    from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy
+    from dflash_gguf.engine.cost import CostCurve
+    from dflash_gguf.engine.policy import DraftLengthPolicy
     from dflash_gguf.engine.sampling import SamplingParams
     from dflash_gguf.engine.session import Engine
     from dflash_gguf.settings import EngineSettings

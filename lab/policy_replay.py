@@ -126,7 +126,8 @@ def collect(args) -> None:
 
 
 def _policy(kind: str):
-    from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy
+    from dflash_gguf.engine.cost import CostCurve
+    from dflash_gguf.engine.policy import DraftLengthPolicy
     from policy_variants import MeanOrDrawPolicy, OptimisticPolicy, StreakPolicy
     calibrated = COST["calibrated"]
     curve = CostCurve({b: v * T1 for b, v in calibrated["t"].items()}, 0.2 * T1, short_blocks=True,
@@ -191,7 +192,7 @@ def walk_tail(traces: list[dict], n_draft: int, n_tail: int, seed: int, noise: f
     """Tokens per t(1) over plain decoding when every step drafts `n_draft` tokens from the whole trained block and,
     where the target emitted the block's own argmax for each slot so far, verifies up to `n_tail` of the block's
     later slots instead (no draft call, the target's weights still in the caches). n_tail 0: no tail steps."""
-    from dflash_gguf.engine.policy import interp_value
+    from dflash_gguf.engine.cost import interp_value
     rng = np.random.default_rng(seed)
     totals: dict[str, list[float]] = {}
     full_cost = draft_cost(N_MAX)

@@ -9,7 +9,8 @@ engine keeps the draw.
 
 from __future__ import annotations
 
-from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy, SlotAcceptance, _smoothed
+from dflash_gguf.engine.cost import CostCurve, smoothed
+from dflash_gguf.engine.policy import DraftLengthPolicy, SlotAcceptance
 
 
 class OptimisticSlots(SlotAcceptance):
@@ -72,7 +73,7 @@ class StreakCostCurve(CostCurve):
         if self.since_plain >= self.streak:
             return super().observe_verify(b, seconds, cold)
         table = self.t_cold if cold and self.t_cold else self.t
-        table[b] = _smoothed(table.get(b), seconds, self.smoothing)
+        table[b] = smoothed(table.get(b), seconds, self.smoothing)
         self.version += 1
 
 

@@ -277,7 +277,7 @@ def test_cost_curve_report_averages_the_sizes_both_curves_measured():
     curves before and after a bench can differ in their keys: the report averages what both have (it raised
     KeyError: 3 on the GPU window's CPU dry run)."""
     from dflash_gguf.bench.measure import cost_curve_report
-    from dflash_gguf.engine.policy import CostCurve
+    from dflash_gguf.engine.cost import CostCurve
     full = CostCurve({1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6, 8: 2.4}, 0.5, short_blocks=True,
                      t_draft_n={1: 0.2, 2: 0.25, 3: 0.3, 7: 0.5})
     slow = CostCurve({1: 3.0, 2: 3.6, 8: 7.2}, 1.5, short_blocks=True, t_draft_n={1: 0.6, 7: 1.5})

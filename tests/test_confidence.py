@@ -3,7 +3,8 @@
 import numpy as np
 
 from dflash_gguf.engine.confidence import ConfidenceCalibration, top_probabilities
-from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy
+from dflash_gguf.engine.cost import CostCurve
+from dflash_gguf.engine.policy import DraftLengthPolicy
 
 
 def _softmax_max(row: np.ndarray) -> float:

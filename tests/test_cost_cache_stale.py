@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dflash_gguf.engine import session as session_module
-from dflash_gguf.engine.policy import STALE_CALIBRATION, calibration_is_stale
+from dflash_gguf.engine.cost import STALE_CALIBRATION, calibration_is_stale
 from dflash_gguf.engine.session import Engine
 from dflash_gguf.settings import EngineSettings
 from helpers.engine import project_prompts

@@ -6,7 +6,8 @@ import pytest
 
 from dflash_gguf.engine.sources.dflash import DFlashSource
 from dflash_gguf.engine.loop import SpecDecoder
-from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy
+from dflash_gguf.engine.cost import CostCurve
+from dflash_gguf.engine.policy import DraftLengthPolicy
 from dflash_gguf.engine.sampling import SamplingParams
 from dflash_gguf.engine.sources.lookup import LookupSource
 from dflash_gguf.engine.target import ContextOverflow, Target

@@ -48,7 +48,7 @@ def drafters(smollm2, tmp_path_factory):
 
 
 # How many rows a draft call decodes: the whole trained block, or n + 1 for n drafts ("short": what the engine runs on
-# CPUs, where the calibration finds the drafter's cost growing with its rows; policy.measure_cost_curve). With short
+# CPUs, where the calibration finds the drafter's cost growing with its rows; cost.measure_cost_curve). With short
 # blocks the tests draft 3 tokens a call (4 rows of the shipped backbone's 8), as the CPU engine drafts short.
 BLOCKS = ("full", "short")
 DRAFT_MAX = {"full": 7, "short": 3}
@@ -289,7 +289,7 @@ def test_confidences_are_the_same_from_the_graph_and_from_the_numpy_chain(target
 
 def test_greedy_equals_plain_when_confidences_trim_the_blocks(target, drafters):
     """The adaptive policy verifies only the slots the confidence head rates worth their rows: output unchanged."""
-    from dflash_gguf.engine.policy import CostCurve
+    from dflash_gguf.engine.cost import CostCurve
     drafter = DSparkSource(Model(drafters["dspark"]), target.ctx, SETTINGS, target.model)
     assert drafter.markov is not None and drafter.rate_slots()
     plain = SpecDecoder(target, None, DraftLengthPolicy(1, adaptive=False))

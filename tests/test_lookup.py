@@ -3,7 +3,8 @@ repeats), a point-mass q at T > 0; the policy's per-match-length acceptance and 
 
 import numpy as np
 
-from dflash_gguf.engine.policy import CostCurve, DraftLengthPolicy, LookupAcceptance
+from dflash_gguf.engine.cost import CostCurve
+from dflash_gguf.engine.policy import DraftLengthPolicy, LookupAcceptance
 from dflash_gguf.engine.sources.lookup import LookupSource
 
 

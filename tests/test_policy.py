@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from dflash_gguf.engine.policy import CostCache, CostCurve, DraftLengthPolicy, SlotAcceptance, measure_cost_curve
+from dflash_gguf.engine.cost import CostCache, CostCurve, measure_cost_curve
+from dflash_gguf.engine.policy import DraftLengthPolicy, SlotAcceptance
 
 
 def _feed(policy: DraftLengthPolicy, accepted_len: int, steps: int = 200) -> None:

@@ -17,7 +17,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..engine.policy import interp_value
+from ..engine.cost import interp_value
 from .runner import BASELINES, Run
 
 SPLIT = ("draft", "verify", "inject", "python")

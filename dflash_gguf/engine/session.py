@@ -16,7 +16,8 @@ from ..target_file import TargetFile
 from . import prefix
 from .confidence import ConfidenceCalibration
 from .loop import GenerationResult, SpecDecoder, TokenCallback
-from .policy import CostCache, CostCurve, DraftLengthPolicy, calibration_is_stale, measure_cost_curve
+from .cost import CostCache, CostCurve, calibration_is_stale, measure_cost_curve
+from .policy import DraftLengthPolicy
 from .sampling import SamplingParams
 from .sources import open_drafter
 from .sources.corpus import Corpus
@@ -290,7 +291,7 @@ class Engine:
 
     def _drop_stale_calibration(self) -> None:
         """Forget the cached curve once the t(1) the loop measures says it was timed in another state of the machine
-        (policy.calibration_is_stale): the next start measures it again."""
+        (cost.calibration_is_stale): the next start measures it again."""
         if self._calibration is None or self.cost is None:
             return
         key, calibrated = self._calibration
@@ -305,7 +306,7 @@ class Engine:
 
     def measure_cost_curve(self, sizes: Sequence[int] | None = None) -> CostCurve:
         """Time target decodes of B rows and draft calls after a fixed context, interleaved as the loop runs
-        them (policy.measure_cost_curve); without a drafter the verify curve alone. Leaves the caches empty."""
+        them (cost.measure_cost_curve); without a drafter the verify curve alone. Leaves the caches empty."""
         sizes = sizes or sorted({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, self.draft_max + 1, self.max_verify})
         sizes = [b for b in sizes if b <= self.max_verify]
         # token ids spread over the vocabulary: timing does not depend on the text, and a target whose

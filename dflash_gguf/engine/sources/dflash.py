@@ -129,7 +129,7 @@ class DFlashSource(DraftSource):
         """Decode `[last, MASK…]` at pos; returns its row count. The full trained block (the drafter saw
         block_size-1 masks in training), or with short_blocks only the `needed` rows: cheaper where the
         drafter's cost grows with its rows (CPUs), at a small loss of acceptance; the policy's calibration
-        decides (policy.measure_cost_curve). The caller removes the block's K/V (driver.drop_block(pos))."""
+        decides (cost.measure_cost_curve). The caller removes the block's K/V (driver.drop_block(pos))."""
         self.flush()
         rows = needed if self.short_blocks else self.block_size
         self.driver.decode_block(last_token, pos, rows)
